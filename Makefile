@@ -1,0 +1,26 @@
+# Each target creates its own virtual environment on first use (.venv by default).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench-core clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch lies on disk; pin it first so nothing pulls a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/minedraft demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench-core: $(STAMP)
+	$(PY) scripts/bench_core.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

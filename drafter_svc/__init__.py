@@ -1,0 +1,1 @@
+"""Drafter service: wraps `minedraft.drafter.Drafter` behind gRPC. Built in the services issue."""

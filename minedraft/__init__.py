@@ -1,0 +1,1 @@
+"""MineDraft: LLM serving with speculative decoding."""

@@ -1,0 +1,132 @@
+"""In-process generation: continuous batching over the same Drafter, Verifier and runner
+that the services wrap. Used by tests as the reference and by baseline benchmarks.
+
+Modes: `ar` (target alone) and `sd` (sequential speculative decoding: draft every running
+request, then verify them all). The batch-parallel mode lives in the gateway's scheduler.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from minedraft.config import RunnerConfig
+from minedraft.drafter import Drafter
+from minedraft.kv_cache import OutOfBlocks
+from minedraft.metrics import AcceptanceStats
+from minedraft.model_runner import ModelRunner
+from minedraft.sampling_params import SamplingParams
+from minedraft.sequence import FinishReason, Sequence
+from minedraft.verifier import Verifier
+
+MODES = ("ar", "sd")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    stats: AcceptanceStats
+
+
+class LLM:
+    def __init__(self, target: str, draft: str | None = None, *, dtype: str = "float32",
+                 device: str = "cpu", draft_device: str | None = None, block_size: int = 16,
+                 num_blocks: int = 2048, num_threads: int = 0) -> None:
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(target)
+        self.verifier = Verifier(ModelRunner(RunnerConfig(
+            model_path=target, dtype=dtype, device=device, block_size=block_size,
+            num_blocks=num_blocks, num_threads=num_threads)))
+        self.drafter = None
+        if draft is not None:
+            self.drafter = Drafter(ModelRunner(RunnerConfig(
+                model_path=draft, dtype=dtype, device=draft_device or device,
+                block_size=block_size, num_blocks=num_blocks)))
+        model_cfg = self.verifier.runner.model_config
+        self.eos_token_ids = model_cfg.eos_token_ids or (
+            (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
+        self.max_model_len = model_cfg.max_position
+        self._next_id = 0
+
+    def generate(self, prompts: list[str] | list[list[int]],
+                 params: SamplingParams | list[SamplingParams] | None = None,
+                 mode: str = "ar", k: int = 4, max_batch: int = 8) -> list[RequestOutput]:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode == "sd" and self.drafter is None:
+            raise ValueError("mode 'sd' needs a draft model")
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if not isinstance(params, list):
+            params = [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        seqs = [self._new_sequence(p, sp) for p, sp in zip(prompts, params)]
+        waiting: deque[Sequence] = deque(seqs)
+        running: list[Sequence] = []
+        while waiting or running:
+            while waiting and len(running) < max_batch:
+                running.append(self._admit(waiting.popleft()))
+            try:
+                self._step(running, k if mode == "sd" else 0)
+            except OutOfBlocks:
+                if len(running) == 1:
+                    raise
+                victim = running.pop()                     # recompute it later, tokens kept
+                self._release(victim)
+                waiting.appendleft(victim)
+                continue
+            for seq in [s for s in running if s.is_finished]:
+                running.remove(seq)
+                self._release(seq)
+        return [self._output(s) for s in seqs]
+
+    def _new_sequence(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("prompt is empty")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; the model's limit is {self.max_model_len}")
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        self._next_id += 1
+        return Sequence(f"req-{self._next_id}", ids, params, seed, self.eos_token_ids, self.max_model_len)
+
+    def _admit(self, seq: Sequence) -> Sequence:
+        self.verifier.add_request(seq.request_id, seq.token_ids, seq.params, seq.seed)
+        if self.drafter is not None:
+            self.drafter.add_request(seq.request_id, seq.token_ids, seq.params, seq.seed)
+        return seq
+
+    def _release(self, seq: Sequence) -> None:
+        self.verifier.remove_request(seq.request_id)
+        if self.drafter is not None:
+            self.drafter.remove_request(seq.request_id)
+
+    def _step(self, running: list[Sequence], k: int) -> None:
+        ks = [s.draft_length(k) for s in running]
+        if k > 0:
+            drafted = self.drafter.draft([(s.request_id, ki) for s, ki in zip(running, ks)])
+            drafts, draft_probs = drafted.draft_token_ids, drafted.draft_probs
+        else:
+            drafts, draft_probs = [[] for _ in running], None
+        new_tokens = self.verifier.verify([(s.request_id, d) for s, d in zip(running, drafts)], draft_probs)
+        for seq, ki, tokens in zip(running, ks, new_tokens):
+            if k > 0:
+                seq.stats.record(ki, len(tokens) - 1)
+                self.drafter.append_tokens(seq.request_id, tokens)
+            seq.append(tokens)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        ids = seq.output_token_ids
+        text_ids = ids[:-1] if seq.finish_reason == FinishReason.STOP else ids
+        return RequestOutput(seq.request_id, seq.prompt_token_ids, list(ids),
+                             self.tokenizer.decode(text_ids, skip_special_tokens=True),
+                             seq.finish_reason.value, seq.stats)

@@ -1,0 +1,123 @@
+"""One model instance with its paged KV cache: runs ragged batched forwards.
+
+The runner decides *how* a forward runs; what runs (which requests, how many tokens) is
+the caller's decision, handed over as `ForwardChunk`s. Each request contributes its own
+number of new tokens (a prefill chunk, one decode token, k + 1 verification tokens) and
+gets logits only at the positions it asks for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.config import ModelConfig, RunnerConfig
+from minedraft.kv_cache import BlockManager, KVCache
+from minedraft.model.attention import ATTENTION_BACKENDS, build_metadata
+from minedraft.model.loader import load_model
+
+
+@dataclass(frozen=True)
+class ForwardChunk:
+    request_id: str
+    token_ids: list[int]     # new tokens, appended after the request's cached positions
+    num_logits: int = 1      # logits wanted for the last `num_logits` of them
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        if config.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {sorted(ATTENTION_BACKENDS)}, "
+                             f"got {config.attention_backend!r}")
+        self.config = config
+        self.device = torch.device(config.device)
+        self.model = load_model(config.model_path, config.torch_dtype, self.device)
+        self.model_config: ModelConfig = self.model.cfg
+        self.attention = ATTENTION_BACKENDS[config.attention_backend]
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self._cached_tokens: dict[str, list[int]] = {}
+        cfg = self.model_config
+        self.kv_cache = KVCache(cfg.num_layers, config.num_blocks, config.block_size,
+                                cfg.num_kv_heads, cfg.head_dim, config.torch_dtype, self.device)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    def length(self, request_id: str) -> int:
+        """Positions of this request whose KV is cached."""
+        return self.blocks.length(request_id)
+
+    def cached_tokens(self, request_id: str) -> list[int]:
+        """Token ids whose KV is cached for this request, in position order."""
+        return self._cached_tokens.get(request_id, [])
+
+    def truncate(self, request_id: str, length: int) -> None:
+        """Drop cached positions >= length (no copy: blocks past the end are freed)."""
+        self.blocks.truncate(request_id, length)
+        del self._cached_tokens[request_id][length:]
+
+    def reconcile(self, request_id: str, verified_tokens: list[int]) -> int:
+        """Keep only the cached prefix that agrees with the verified tokens; -> kept length.
+
+        The one place rejected drafts leave a cache: whatever follows the first position
+        where cached and verified tokens differ (or where the verified ones end) is dropped.
+        """
+        cached = self._cached_tokens.get(request_id)
+        if cached is None:
+            return 0
+        keep = 0
+        limit = min(len(cached), len(verified_tokens))
+        while keep < limit and cached[keep] == verified_tokens[keep]:
+            keep += 1
+        if keep < len(cached):
+            self.truncate(request_id, keep)
+        return keep
+
+    def free(self, request_id: str) -> None:
+        self.blocks.free(request_id)
+        self._cached_tokens.pop(request_id, None)
+
+    @torch.inference_mode()
+    def forward(self, chunks: list[ForwardChunk]) -> torch.Tensor:
+        """-> logits [sum(num_logits), vocab] float32, in chunk order.
+
+        Raises `OutOfBlocks` before touching any state if the cache cannot hold the batch.
+        """
+        if not chunks:
+            raise ValueError("forward needs at least one chunk")
+        context_lens = [self.blocks.length(c.request_id) for c in chunks]
+        new_lens = [len(c.token_ids) for c in chunks]
+        for chunk, ctx, new in zip(chunks, context_lens, new_lens):
+            if new == 0:
+                raise ValueError(f"request {chunk.request_id!r}: chunk has no tokens")
+            if not 1 <= chunk.num_logits <= new:
+                raise ValueError(f"request {chunk.request_id!r}: num_logits must be in 1..{new}")
+            if ctx + new > self.model_config.max_position:
+                raise ValueError(f"request {chunk.request_id!r}: length {ctx + new} exceeds "
+                                 f"max_position {self.model_config.max_position}")
+        self.blocks.grow({c.request_id: ctx + new for c, ctx, new in zip(chunks, context_lens, new_lens)})
+
+        for chunk in chunks:
+            self._cached_tokens.setdefault(chunk.request_id, []).extend(chunk.token_ids)
+        slots = [self.blocks.slots(c.request_id, ctx + new)
+                 for c, ctx, new in zip(chunks, context_lens, new_lens)]
+        meta = build_metadata(context_lens, new_lens, slots, self.device)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        logits_rows: list[int] = []
+        for chunk, ctx, new in zip(chunks, context_lens, new_lens):
+            start = len(input_ids)
+            input_ids.extend(chunk.token_ids)
+            positions.extend(range(ctx, ctx + new))
+            logits_rows.extend(range(start + new - chunk.num_logits, start + new))
+        return self.model(
+            torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            torch.tensor(positions, dtype=torch.int64, device=self.device),
+            self.kv_cache.layers, meta,
+            torch.tensor(logits_rows, dtype=torch.int64, device=self.device),
+            self.attention,
+        )

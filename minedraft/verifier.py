@@ -1,0 +1,96 @@
+"""The target side: verifies drafts with the lossless rejection sampler.
+
+One forward per batch scores every request's unverified tokens plus its k_i drafts
+(k_i + 1 logits rows each); plain autoregressive decoding is the k_i = 0 case of the
+same call, and a new request's prefill is simply a long first chunk. The verifier owns
+the verified token sequence of each request: what it returns is the diff to append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minedraft.drafter import sampling_rows
+from minedraft.model_runner import ForwardChunk, ModelRunner
+from minedraft.rejection_sampler import rejection_sample
+from minedraft.sampling import VERIFY_STREAM, processed_probs, request_noise
+from minedraft.sampling_params import SamplingParams
+
+
+@dataclass
+class _VerifyState:
+    token_ids: list[int]
+    params: SamplingParams
+    seed: int
+
+
+class Verifier:
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self._requests: dict[str, _VerifyState] = {}
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def add_request(self, request_id: str, token_ids: list[int], params: SamplingParams, seed: int) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already exists")
+        if not token_ids:
+            raise ValueError(f"request {request_id!r}: token_ids is empty")
+        self._requests[request_id] = _VerifyState(list(token_ids), params, seed)
+
+    def remove_request(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+        self.runner.free(request_id)
+
+    def token_ids(self, request_id: str) -> list[int]:
+        return self._requests[request_id].token_ids
+
+    def verify(self, requests: list[tuple[str, list[int]]],
+               draft_probs: torch.Tensor | None = None) -> list[list[int]]:
+        """requests: (request_id, draft_token_ids); draft_probs [sum k_i, V] or None (greedy
+        drafter). -> per request the accepted drafts plus one recovered or bonus token."""
+        states = [self._requests[rid] for rid, _ in requests]
+        chunks = []
+        for (rid, drafts), state in zip(requests, states):
+            unverified = self._unverified(rid, state)
+            chunks.append(ForwardChunk(rid, unverified + list(drafts), num_logits=len(drafts) + 1))
+        logits = self.runner.forward(chunks)                        # [sum(k_i + 1), V]
+        ks = [len(drafts) for _, drafts in requests]
+        params = [s.params for s in states]
+        temperature, top_k, top_p = sampling_rows(params, [k + 1 for k in ks], logits.device)
+        target_probs = processed_probs(logits, temperature, top_k, top_p)
+        uniform, exponential = self._noise(states, ks, logits)
+        device = logits.device
+        draft_token_ids = torch.tensor([t for _, drafts in requests for t in drafts],
+                                       dtype=torch.int64, device=device)
+        is_greedy = torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device)
+        if draft_probs is not None and all(p.is_greedy for p in params):
+            draft_probs = None
+        new_tokens = rejection_sample(draft_token_ids, ks, draft_probs, target_probs, is_greedy,
+                                      uniform, exponential)
+        for (rid, _), state, tokens in zip(requests, states, new_tokens):
+            state.token_ids.extend(tokens)
+            self.runner.reconcile(rid, state.token_ids)
+        return new_tokens
+
+    def _unverified(self, request_id: str, state: _VerifyState) -> list[int]:
+        """Verified tokens not in the cache yet: the prompt when new, else the last token."""
+        cached = self.runner.reconcile(request_id, state.token_ids)
+        if cached == len(state.token_ids):
+            cached -= 1
+            self.runner.truncate(request_id, cached)
+        return state.token_ids[cached:]
+
+    @staticmethod
+    def _noise(states: list[_VerifyState], ks: list[int], logits: torch.Tensor):
+        """Noise keyed by (seed, position of the token decided): batching-independent."""
+        rows = sum(k + 1 for k in ks)
+        vocab = logits.shape[-1]
+        if all(s.params.is_greedy for s in states):
+            return (torch.ones(rows, device=logits.device),
+                    torch.ones(rows, vocab, device=logits.device))
+        positions = [list(range(len(s.token_ids), len(s.token_ids) + k + 1)) for s, k in zip(states, ks)]
+        return request_noise([s.seed for s in states], positions, VERIFY_STREAM, vocab, logits.device)

@@ -1,0 +1,1 @@
+"""Verifier service: wraps `minedraft.verifier.Verifier` behind gRPC. Built in the services issue."""
