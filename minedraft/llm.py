@@ -8,6 +8,7 @@ request, then verify them all). The batch-parallel mode lives in the gateway's s
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -21,6 +22,14 @@ from minedraft.sequence import FinishReason, Sequence
 from minedraft.verifier import Verifier
 
 MODES = ("ar", "sd")
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    batch_size: int
+    num_draft: int        # k of the step (0 for ar)
+    draft_s: float        # drafter busy time for the step
+    verify_s: float       # verifier busy time for the step
 
 
 @dataclass
@@ -53,6 +62,7 @@ class LLM:
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
         self.max_model_len = model_cfg.max_position
         self._next_id = 0
+        self.step_timings: list[StepTiming] = []   # one per step of the last generate()
 
     def generate(self, prompts: list[str] | list[list[int]],
                  params: SamplingParams | list[SamplingParams] | None = None,
@@ -70,10 +80,12 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
         seqs = [self._new_sequence(p, sp) for p, sp in zip(prompts, params)]
+        self.step_timings = []
         waiting: deque[Sequence] = deque(seqs)
         running: list[Sequence] = []
+        capacity = max_batch          # lowered when the KV cache runs out, raised as requests finish
         while waiting or running:
-            while waiting and len(running) < max_batch:
+            while waiting and len(running) < capacity:
                 running.append(self._admit(waiting.popleft()))
             try:
                 self._step(running, k if mode == "sd" else 0)
@@ -83,10 +95,12 @@ class LLM:
                 victim = running.pop()                     # recompute it later, tokens kept
                 self._release(victim)
                 waiting.appendleft(victim)
+                capacity = len(running)
                 continue
             for seq in [s for s in running if s.is_finished]:
                 running.remove(seq)
                 self._release(seq)
+                capacity = min(max_batch, capacity + 1)
         return [self._output(s) for s in seqs]
 
     def _new_sequence(self, prompt: str | list[int], params: SamplingParams) -> Sequence:
@@ -112,12 +126,15 @@ class LLM:
 
     def _step(self, running: list[Sequence], k: int) -> None:
         ks = [s.draft_length(k) for s in running]
+        start = time.perf_counter()
         if k > 0:
             drafted = self.drafter.draft([(s.request_id, ki) for s, ki in zip(running, ks)])
             drafts, draft_probs = drafted.draft_token_ids, drafted.draft_probs
         else:
             drafts, draft_probs = [[] for _ in running], None
+        drafted_at = time.perf_counter()
         new_tokens = self.verifier.verify([(s.request_id, d) for s, d in zip(running, drafts)], draft_probs)
+        self.step_timings.append(StepTiming(len(running), k, drafted_at - start, time.perf_counter() - drafted_at))
         for seq, ki, tokens in zip(running, ks, new_tokens):
             if k > 0:
                 seq.stats.record(ki, len(tokens) - 1)
