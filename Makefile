@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench-core clean
+.PHONY: demo test bench-core clean protos
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,3 +24,6 @@ bench-core: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. --pyi_out=. protos/minedraft/v1/*.proto

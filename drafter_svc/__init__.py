@@ -1,1 +1,1 @@
-"""Drafter service: wraps `minedraft.drafter.Drafter` behind gRPC. Built in the services issue."""
+"""Drafter service: the draft model behind gRPC (`python -m drafter_svc`)."""

@@ -1,1 +1,1 @@
-"""Gateway service: public gRPC API, admission queue, two-batch scheduler. Built in the services issue."""
+"""Gateway service: public gRPC API, admission queue and the two-batch scheduler (`python -m gateway`)."""

@@ -1,1 +1,3 @@
-"""MineDraft: LLM serving with speculative decoding."""
+"""MineDraft: LLM serving with batch-parallel speculative decoding."""
+
+__version__ = "0.1.0"

@@ -1,1 +1,1 @@
-"""Verifier service: wraps `minedraft.verifier.Verifier` behind gRPC. Built in the services issue."""
+"""Verifier service: the target model behind gRPC (`python -m verifier_svc`)."""

@@ -1,0 +1,3 @@
+from drafter_svc.main import main
+
+main()

@@ -1,0 +1,77 @@
+"""Start the gateway: `python -m gateway --verifier HOST:PORT [--drafter HOST:PORT] --mode psd`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import grpc
+
+from gateway.scheduler import MODES, BatchManager, SchedulerConfig
+from gateway.servicer import GenerationServicer, server_info
+from gateway.tokenizer import TextTokenizer
+from minedraft.service import run, start_server, wait_healthy
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
+
+logger = logging.getLogger("minedraft.gateway")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, scheduler)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--verifier", default="127.0.0.1:50061")
+    parser.add_argument("--drafter", default="127.0.0.1:50071", help="drafter address (unused in ar mode)")
+    parser.add_argument("--mode", default="psd", choices=MODES)
+    parser.add_argument("--k", type=int, default=4, help="draft length")
+    parser.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
+    parser.add_argument("--tokenizer", default="", help="model directory with tokenizer.json "
+                        "(default: the verifier's model directory)")
+    parser.add_argument("--connect-timeout", type=float, default=300.0)
+    parser.add_argument("--log-level", default="INFO")
+    return parser.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    await wait_healthy(args.verifier, args.connect_timeout)
+    verifier_channel = grpc.aio.insecure_channel(args.verifier)
+    verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
+    target_info = await verifier.GetInfo(engine_pb2.EngineInfoRequest())
+    drafter, draft_info = None, None
+    if args.mode != "ar":
+        await wait_healthy(args.drafter, args.connect_timeout)
+        drafter = engine_pb2_grpc.DrafterStub(grpc.aio.insecure_channel(args.drafter))
+        draft_info = await drafter.GetInfo(engine_pb2.EngineInfoRequest())
+        if draft_info.vocab_size != target_info.vocab_size:
+            raise SystemExit(f"draft vocab {draft_info.vocab_size} != target vocab {target_info.vocab_size}")
+        if draft_info.dtype != target_info.dtype:
+            raise SystemExit(f"draft dtype {draft_info.dtype} != target dtype {target_info.dtype}")
+    kv_blocks = min(target_info.num_blocks, draft_info.num_blocks if draft_info else target_info.num_blocks)
+    block_size = max(target_info.block_size, draft_info.block_size if draft_info else 0)
+    config = SchedulerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
+                             max_batch=args.max_batch, kv_blocks=kv_blocks, block_size=block_size)
+    manager = BatchManager(config, verifier, drafter)
+    tokenizer = TextTokenizer(args.tokenizer or target_info.model)
+    info = server_info(args.mode, config.k, args.max_batch, target_info.model,
+                       draft_info.model if draft_info else "", 1 if draft_info else 0)
+    servicer = GenerationServicer(manager, tokenizer, target_info.vocab_size,
+                                  tuple(target_info.eos_token_ids), target_info.max_model_len, info)
+    server, port = await start_server(
+        lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
+        args.host, args.port, ["minedraft.v1.Generation"])
+    logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, port, args.mode, config.k, args.max_batch)
+    loop_task = asyncio.ensure_future(manager.run())
+    try:
+        await server.wait_for_termination()
+    finally:
+        loop_task.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    run(lambda: serve(args), args.log_level)
+
+
+if __name__ == "__main__":
+    main()

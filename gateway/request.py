@@ -1,0 +1,70 @@
+"""A request as the gateway sees it: token state, text state, and the client's event queue."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from minedraft.sequence import FinishReason, Sequence
+
+
+@dataclass
+class StreamEvent:
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    error: tuple[object, str] | None = None       # (grpc.StatusCode, message)
+
+
+@dataclass(eq=False)
+class ActiveRequest:
+    seq: Sequence
+    detokenizer: IncrementalDetokenizer
+    stop_matcher: StopStringMatcher
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    known_to_verifier: bool = False
+    known_to_drafter: bool = False
+    pending_diff: list[int] = field(default_factory=list)   # verified tokens the drafter has not heard
+    cancelled: bool = False
+    done: bool = False                                       # final event sent
+
+    @property
+    def request_id(self) -> str:
+        return self.seq.request_id
+
+    @property
+    def live(self) -> bool:
+        return not (self.done or self.cancelled or self.seq.is_finished)
+
+    def emit_tokens(self, tokens: list[int]) -> None:
+        """Turn one step's kept tokens into a text delta, applying stop strings."""
+        stop_ids = set(self.seq.params.stop_token_ids)
+        if not self.seq.params.ignore_eos:
+            stop_ids.update(self.seq.eos_token_ids)
+        text_ids = tokens
+        if self.seq.finish_reason == FinishReason.STOP and tokens and tokens[-1] in stop_ids:
+            text_ids = tokens[:-1]
+        text, stopped = self.stop_matcher.feed(self.detokenizer.add(text_ids))
+        if stopped:
+            self.seq.finish(FinishReason.STOP)
+        if tokens or text:
+            self.events.put_nowait(StreamEvent(tokens, text))
+
+    def emit_final(self, reason: FinishReason) -> None:
+        if self.done:
+            return
+        self.seq.finish(reason)
+        tail = ""
+        if not self.stop_matcher.stopped and reason != FinishReason.ABORT:
+            tail, stopped = self.stop_matcher.feed(self.detokenizer.flush())
+            if not stopped:
+                tail += self.stop_matcher.flush()
+        self.events.put_nowait(StreamEvent([], tail, finish_reason=self.seq.finish_reason.value))
+        self.done = True
+
+    def emit_error(self, code: object, message: str) -> None:
+        if not self.done:
+            self.seq.finish(FinishReason.ABORT)
+            self.events.put_nowait(StreamEvent([], "", error=(code, message)))
+            self.done = True

@@ -1,0 +1,256 @@
+"""The Batch Manager: decides what the drafter and verifier do at every step.
+
+Modes:
+  ar   one batch; every step is a verify step with no drafts (k = 0).
+  sd   one batch; draft it, then verify it, strictly one after the other.
+  psd  two batches of up to m requests. While the verifier verifies batch A (drafted last
+       step), the drafter drafts batch B; then they swap. New requests join the batch with
+       fewer requests and ride along with its next draft and verify (their prefill is just
+       a longer first chunk), so no step stalls for them. When only one batch has work the
+       step degrades to sequential SD for it, and overlap resumes once the other fills.
+
+The scheduler only moves token ids and counts; drafts travel drafter -> verifier on the
+data plane, tagged with the draft step's id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from gateway.request import ActiveRequest
+from minedraft.protocol import new_request_proto
+from minedraft.sequence import FinishReason
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
+
+logger = logging.getLogger("minedraft.gateway")
+MODES = ("ar", "sd", "psd")
+
+
+@dataclass
+class Batch:
+    index: int
+    requests: list[ActiveRequest] = field(default_factory=list)
+    drafted: list[tuple[ActiveRequest, int]] | None = None   # drafts waiting for verification
+    draft_step_id: int = 0
+    with_probs: bool = False
+
+    def to_draft(self) -> list[ActiveRequest]:
+        return [r for r in self.requests if r.live]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    mode: str
+    k: int
+    max_batch: int              # m: requests per batch
+    kv_blocks: int              # the smaller KV cache of drafter and verifier, in blocks
+    block_size: int
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.k < 0 or (self.mode != "ar" and self.k < 1):
+            raise ValueError(f"k must be >= 1 for mode {self.mode!r}, got {self.k}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+
+
+class BatchManager:
+    def __init__(self, config: SchedulerConfig, verifier: engine_pb2_grpc.VerifierStub,
+                 drafter: engine_pb2_grpc.DrafterStub | None) -> None:
+        if config.mode != "ar" and drafter is None:
+            raise ValueError(f"mode {config.mode!r} needs a drafter")
+        self.config = config
+        self.verifier, self.drafter = verifier, drafter
+        self.batches = [Batch(0), Batch(1)] if config.mode == "psd" else [Batch(0)]
+        self.waiting: deque[ActiveRequest] = deque()
+        self.requests: dict[str, ActiveRequest] = {}
+        self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=100_000)
+        self._free_on_verifier: list[str] = []
+        self._free_on_drafter: list[str] = []
+        self._reserved_blocks: dict[str, int] = {}
+        self._wakeup = asyncio.Event()
+        self._step_id = 0
+        self._t0 = time.perf_counter()
+
+    # ---- requests in and out -------------------------------------------------------------
+    def blocks_for(self, req: ActiveRequest) -> int:
+        """KV blocks a request can ever need: admission reserves them, so no step runs out."""
+        tokens = len(req.seq.prompt_token_ids) + req.seq.params.max_tokens + self.config.k + 1
+        return -(-tokens // self.config.block_size)
+
+    def submit(self, req: ActiveRequest) -> None:
+        if req.request_id in self.requests:
+            raise KeyError(req.request_id)
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        self._wakeup.set()
+
+    def cancel(self, request_id: str) -> None:
+        """The client went away: stop work on the request; its tokens are not streamed."""
+        req = self.requests.get(request_id)
+        if req is None or req.done:
+            return
+        req.cancelled = True
+        if req in self.waiting:
+            self.waiting.remove(req)
+            self._retire(req, FinishReason.ABORT)
+            return
+        in_flight = any(b.drafted and any(r is req for r, _ in b.drafted) for b in self.batches)
+        if not in_flight:
+            self._retire(req, FinishReason.ABORT)
+        self._wakeup.set()
+
+    @property
+    def num_active(self) -> int:
+        return len(self.requests)
+
+    def _admit(self) -> None:
+        while self.waiting:
+            open_batches = [b for b in self.batches if len(b.requests) < self.config.max_batch]
+            if not open_batches:
+                return
+            req = self.waiting[0]
+            need = self.blocks_for(req)
+            if sum(self._reserved_blocks.values()) + need > self.config.kv_blocks:
+                return
+            self.waiting.popleft()
+            self._reserved_blocks[req.request_id] = need
+            min(open_batches, key=lambda b: len(b.requests)).requests.append(req)
+
+    def _retire(self, req: ActiveRequest, reason: FinishReason) -> None:
+        """Final event to the client and KV frees queued for both services."""
+        req.emit_final(reason)
+        self._forget(req)
+
+    def _forget(self, req: ActiveRequest) -> None:
+        for batch in self.batches:
+            if req in batch.requests:
+                batch.requests.remove(req)
+        if req.known_to_verifier:
+            self._free_on_verifier.append(req.request_id)
+        if req.known_to_drafter:
+            self._free_on_drafter.append(req.request_id)
+        self._reserved_blocks.pop(req.request_id, None)
+        self.requests.pop(req.request_id, None)
+
+    # ---- the step loop -------------------------------------------------------------------
+    async def run(self) -> None:
+        while True:
+            self._admit()
+            verify_batch = next((b for b in self.batches if b.drafted is not None), None)
+            draft_batch = next((b for b in self.batches if b.drafted is None and b.to_draft()), None)
+            if self.config.mode == "ar" and draft_batch is not None:
+                draft_batch.drafted = [(r, 0) for r in draft_batch.to_draft()]
+                verify_batch, draft_batch = draft_batch, None
+            if verify_batch is None and draft_batch is None:
+                self._wakeup.clear()
+                if not self.waiting and not any(b.requests for b in self.batches):
+                    await self._wakeup.wait()
+                else:
+                    await asyncio.sleep(0.001)
+                continue
+            await self._step(verify_batch, draft_batch)
+
+    async def _step(self, verify_batch: Batch | None, draft_batch: Batch | None) -> None:
+        self._step_id += 1
+        step_id = self._step_id
+        start = time.perf_counter()
+        calls = []
+        if verify_batch is not None:
+            calls.append(self._verify(step_id, verify_batch))
+        if draft_batch is not None:
+            calls.append(self._draft(step_id, draft_batch))
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        record = generation_pb2.StepRecord(
+            step_id=step_id, start_s=start - self._t0, wall_s=time.perf_counter() - start,
+            kind="overlap" if len(calls) == 2 else ("verify" if verify_batch is not None else "draft"))
+        batches = ([verify_batch] if verify_batch is not None else []) + (
+            [draft_batch] if draft_batch is not None else [])
+        for batch, result in zip(batches, results):
+            if isinstance(result, BaseException):
+                self._fail_batch(batch, result)
+                continue
+            if isinstance(result, engine_pb2.VerifyStepResponse):
+                record.verify_busy_s, record.verify_batch = result.busy_s, len(result.results)
+                record.data_plane_s += result.recv_s
+            else:
+                # The drafter's send waits for the verifier's matching receive, so the
+                # transfer is timed on the receiving side (verify recv_s) only.
+                record.draft_busy_s, record.draft_batch = result.busy_s, len(batch.drafted or [])
+                record.data_plane_bytes = result.sent_bytes
+        self.step_records.append(record)
+
+    async def _verify(self, step_id: int, batch: Batch) -> engine_pb2.VerifyStepResponse:
+        items = batch.drafted or []
+        new_requests = []
+        for req, _ in items:
+            if req.live and not req.known_to_verifier:
+                new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
+                                                      req.seq.params, req.seq.seed))
+                req.known_to_verifier = True
+        finished, self._free_on_verifier = self._free_on_verifier, []
+        message = engine_pb2.VerifyStepRequest(
+            step_id=step_id, new_requests=new_requests, finished=finished,
+            items=[engine_pb2.VerifyItem(request_id=r.request_id, num_draft=k) for r, k in items],
+            draft_step_id=batch.draft_step_id, with_probs=batch.with_probs)
+        try:
+            response = await self.verifier.Step(message)
+        finally:
+            batch.drafted = None
+        results = {r.request_id: list(r.token_ids) for r in response.results}
+        for req, k in items:
+            if req.request_id in results:
+                self._apply(req, k, results[req.request_id])
+        return response
+
+    def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:
+        if req.cancelled and not req.done:
+            self._retire(req, FinishReason.ABORT)
+            return
+        if not req.live:
+            return
+        if self.config.mode != "ar":
+            req.seq.stats.record(k, len(tokens) - 1)
+        kept = req.seq.append(tokens)
+        req.pending_diff.extend(tokens)
+        req.emit_tokens(kept)
+        if req.seq.is_finished:
+            self._retire(req, req.seq.finish_reason)
+
+    async def _draft(self, step_id: int, batch: Batch) -> engine_pb2.DraftStepResponse:
+        live = batch.to_draft()
+        items = [(r, r.seq.draft_length(self.config.k)) for r in live]
+        new_requests, updates = [], []
+        for req in live:
+            if not req.known_to_drafter:
+                new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
+                                                      req.seq.params, req.seq.seed))
+                req.known_to_drafter = True
+            elif req.pending_diff:
+                updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
+            req.pending_diff = []
+        finished, self._free_on_drafter = self._free_on_drafter, []
+        response = await self.drafter.Step(engine_pb2.DraftStepRequest(
+            step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
+            items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]))
+        batch.drafted = items
+        batch.draft_step_id = step_id
+        batch.with_probs = response.with_probs
+        return response
+
+    def _fail_batch(self, batch: Batch, err: BaseException) -> None:
+        """A service call failed: fail that batch's requests, keep serving everyone else."""
+        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else grpc.StatusCode.INTERNAL
+        message = err.details() if isinstance(err, grpc.aio.AioRpcError) else repr(err)
+        logger.error("step failed for batch %d: %s %s", batch.index, code, message)
+        batch.drafted = None
+        for req in list(batch.requests):
+            req.emit_error(code, f"engine step failed: {message}")
+            self._forget(req)

@@ -1,0 +1,113 @@
+"""Plumbing shared by the drafter and verifier services: flags, CPU placement, gRPC server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from minedraft.config import RunnerConfig
+
+logger = logging.getLogger("minedraft")
+
+
+def add_runner_args(parser: argparse.ArgumentParser, default_model: str) -> None:
+    parser.add_argument("--model", default=default_model, help="Hugging Face-format model directory")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--cpus", default="", help="CPU cores to pin to, e.g. '0' or '2-3'")
+    parser.add_argument("--num-blocks", type=int, default=4096)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--log-level", default="INFO")
+
+
+def runner_config(args: argparse.Namespace) -> RunnerConfig:
+    return RunnerConfig(model_path=args.model, dtype=args.dtype, device=args.device,
+                        block_size=args.block_size, num_blocks=args.num_blocks,
+                        num_threads=args.threads)
+
+
+def parse_cpus(spec: str) -> set[int]:
+    """'0,2-3' -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def place_process(cpus: str) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, parse_cpus(cpus))
+
+
+async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: str, port: int,
+                       service_names: list[str]) -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server with the standard health service; -> (server, bound port)."""
+    server = grpc.aio.server(options=[("grpc.max_send_message_length", 256 << 20),
+                                      ("grpc.max_receive_message_length", 256 << 20)])
+    add_servicers(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind {host}:{port}")
+    await server.start()
+    for name in ["", *service_names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, bound
+
+
+def run(main: Callable[[], Awaitable[None]], log_level: str = "INFO") -> None:
+    """Run a service's main coroutine on uvloop until SIGINT/SIGTERM."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep a path without it
+        runner = asyncio.run
+
+    async def guarded() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        task = asyncio.ensure_future(main())
+        waiter = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
+            task.result()
+        else:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+    runner(guarded())
+
+
+async def wait_healthy(address: str, timeout_s: float) -> None:
+    """Poll a service's health endpoint until it reports SERVING."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.aio.AioRpcError:
+                pass
+            if loop.time() > deadline:
+                raise TimeoutError(f"{address} not healthy after {timeout_s:.0f} s")
+            await asyncio.sleep(0.2)

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs for protos/minedraft/v1 (regenerate: make protos)."""

@@ -1,0 +1,158 @@
+from minedraft.v1 import generation_pb2 as _generation_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class NewRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "sampling", "seed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: _generation_pb2.SamplingOptions
+    seed: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_generation_pb2.SamplingOptions, _Mapping]] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class TokenDiff(_message.Message):
+    __slots__ = ("request_id", "new_token_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DraftItem(_message.Message):
+    __slots__ = ("request_id", "num_draft")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_draft: int
+    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
+
+class DraftStepRequest(_message.Message):
+    __slots__ = ("step_id", "new_requests", "updates", "finished", "items")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
+    updates: _containers.RepeatedCompositeFieldContainer[TokenDiff]
+    finished: _containers.RepeatedScalarFieldContainer[str]
+    items: _containers.RepeatedCompositeFieldContainer[DraftItem]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ...) -> None: ...
+
+class DraftStepResponse(_message.Message):
+    __slots__ = ("step_id", "busy_s", "send_s", "sent_bytes", "free_blocks", "with_probs")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    SEND_S_FIELD_NUMBER: _ClassVar[int]
+    SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    busy_s: float
+    send_s: float
+    sent_bytes: int
+    free_blocks: int
+    with_probs: bool
+    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., send_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., free_blocks: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+
+class VerifyItem(_message.Message):
+    __slots__ = ("request_id", "num_draft")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_draft: int
+    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
+
+class VerifyStepRequest(_message.Message):
+    __slots__ = ("step_id", "new_requests", "finished", "items", "draft_step_id", "with_probs")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
+    finished: _containers.RepeatedScalarFieldContainer[str]
+    items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
+    draft_step_id: int
+    with_probs: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+
+class VerifyResult(_message.Message):
+    __slots__ = ("request_id", "token_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class VerifyStepResponse(_message.Message):
+    __slots__ = ("step_id", "results", "busy_s", "recv_s", "free_blocks")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    RECV_S_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
+    busy_s: float
+    recv_s: float
+    free_blocks: int
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., free_blocks: _Optional[int] = ...) -> None: ...
+
+class DraftPayload(_message.Message):
+    __slots__ = ("step_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
+    PROBS_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    draft_token_ids: bytes
+    draft_probs: bytes
+    probs_dtype: str
+    num_tokens: int
+    def __init__(self, step_id: _Optional[int] = ..., draft_token_ids: _Optional[bytes] = ..., draft_probs: _Optional[bytes] = ..., probs_dtype: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class PutDraftsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineInfo(_message.Message):
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    vocab_size: int
+    eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    free_blocks: int
+    dtype: str
+    data_plane: str
+    data_plane_address: str
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ...) -> None: ...

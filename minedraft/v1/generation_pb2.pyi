@@ -1,0 +1,143 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class SamplingOptions(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    max_tokens: int
+    stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    ignore_eos: bool
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("prompt", "prompt_token_ids", "sampling", "request_id")
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    prompt: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingOptions
+    request_id: str
+    def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class AcceptanceStats(_message.Message):
+    __slots__ = ("num_steps", "num_drafted", "num_accepted", "mean_acceptance_length", "acceptance_rate")
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MEAN_ACCEPTANCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    num_steps: int
+    num_drafted: int
+    num_accepted: int
+    mean_acceptance_length: float
+    acceptance_rate: float
+    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., mean_acceptance_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stats", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    stats: AcceptanceStats
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[AcceptanceStats, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class GenerateStreamResponse(_message.Message):
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stats", "prompt_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    text: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finish_reason: str
+    stats: AcceptanceStats
+    prompt_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., stats: _Optional[_Union[AcceptanceStats, _Mapping]] = ..., prompt_tokens: _Optional[int] = ...) -> None: ...
+
+class ServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    K_FIELD_NUMBER: _ClassVar[int]
+    TARGET_MODEL_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTERS_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    mode: str
+    k: int
+    target_model: str
+    draft_model: str
+    max_batch: int
+    num_drafters: int
+    def __init__(self, version: _Optional[str] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., max_batch: _Optional[int] = ..., num_drafters: _Optional[int] = ...) -> None: ...
+
+class StepStatsRequest(_message.Message):
+    __slots__ = ("max_steps",)
+    MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
+    max_steps: int
+    def __init__(self, max_steps: _Optional[int] = ...) -> None: ...
+
+class StepRecord(_message.Message):
+    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch")
+    STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    START_S_FIELD_NUMBER: _ClassVar[int]
+    WALL_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BATCH_FIELD_NUMBER: _ClassVar[int]
+    step_id: int
+    kind: str
+    start_s: float
+    wall_s: float
+    draft_busy_s: float
+    verify_busy_s: float
+    data_plane_s: float
+    data_plane_bytes: int
+    draft_batch: int
+    verify_batch: int
+    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ...) -> None: ...
+
+class StepStats(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[StepRecord]
+    def __init__(self, steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ...) -> None: ...

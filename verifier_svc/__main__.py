@@ -1,0 +1,3 @@
+from verifier_svc.main import main
+
+main()
