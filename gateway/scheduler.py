@@ -150,6 +150,7 @@ class BatchManager:
                 draft_batch.drafted = [(r, 0) for r in draft_batch.to_draft()]
                 verify_batch, draft_batch = draft_batch, None
             if verify_batch is None and draft_batch is None:
+                await self._flush_frees()
                 self._wakeup.clear()
                 if not self.waiting and not any(b.requests for b in self.batches):
                     await self._wakeup.wait()
@@ -157,6 +158,20 @@ class BatchManager:
                     await asyncio.sleep(0.001)
                 continue
             await self._step(verify_batch, draft_batch)
+
+    async def _flush_frees(self) -> None:
+        """When idle, hand finished requests back to the services at once (no step to ride on)."""
+        try:
+            if self._free_on_verifier:
+                finished, self._free_on_verifier = self._free_on_verifier, []
+                self._step_id += 1
+                await self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self._step_id, finished=finished))
+            if self._free_on_drafter and self.drafter is not None:
+                finished, self._free_on_drafter = self._free_on_drafter, []
+                self._step_id += 1
+                await self.drafter.Step(engine_pb2.DraftStepRequest(step_id=self._step_id, finished=finished))
+        except grpc.aio.AioRpcError as err:
+            logger.error("could not free finished requests: %s", err.details())
 
     async def _step(self, verify_batch: Batch | None, draft_batch: Batch | None) -> None:
         self._step_id += 1

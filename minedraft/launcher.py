@@ -63,6 +63,8 @@ class Cluster:
         cfg = self.config
         py = [sys.executable, "-m"]
         verifier_port, drafter_port = free_port(cfg.host), free_port(cfg.host)
+        self.verifier_address = f"{cfg.host}:{verifier_port}"
+        self.drafter_address = f"{cfg.host}:{drafter_port}" if cfg.mode != "ar" else None
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
         common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
                   "--log-level", cfg.log_level]

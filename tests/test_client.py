@@ -70,7 +70,7 @@ class FakeGeneration(generation_pb2_grpc.GenerationServicer):
         if isinstance(admitted, str):
             await self._reject(context, admitted)
         request_id, prompt_ids = admitted
-        if request.prompt == SLOW_PROMPT:
+        if request.prompt.startswith(SLOW_PROMPT):
             await asyncio.sleep(5)
         output, finish = self._output(request, prompt_ids)
         return generation_pb2.GenerateResponse(
@@ -86,7 +86,7 @@ class FakeGeneration(generation_pb2_grpc.GenerationServicer):
         self.stream_cancelled[request_id] = True  # until the loop runs to the end
         self.stream_sent[request_id] = 0
         output, finish = self._output(request, prompt_ids)
-        delay = 0.02 if request.prompt == SLOW_PROMPT else 0.0
+        delay = 0.02 if request.prompt.startswith(SLOW_PROMPT) else 0.0
         try:
             for i, token in enumerate(output):
                 if delay:
@@ -222,18 +222,22 @@ def test_deadline_maps_to_request_timeout(client: Client):
     assert caught.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+def _assert_cancelled(server: ServerThread, request_id: str) -> None:
+    assert server.servicer.stream_finished[request_id].wait(5), "server stream still running"
+    assert server.servicer.stream_cancelled[request_id]
+    assert server.servicer.stream_sent[request_id] < 160
+
+
 def test_abandoned_stream_is_cancelled(client: Client, server: ServerThread):
-    prompt = list(range(200))
-    for chunk in client.stream(prompt, max_tokens=200, request_id="abandon-sync"):
-        break
-    # "slow" only applies to text prompts; use the delay path via a text prompt instead.
-    for i, chunk in enumerate(client.stream(SLOW_PROMPT * 40, max_tokens=160,
-                                            request_id="abandon-sync-slow")):
+    for i, _ in enumerate(client.stream(SLOW_PROMPT * 40, max_tokens=160, request_id="break-sync")):
         if i == 2:
             break
-    assert server.servicer.stream_finished["abandon-sync-slow"].wait(5)
-    assert server.servicer.stream_cancelled["abandon-sync-slow"]
-    assert server.servicer.stream_sent["abandon-sync-slow"] < 160
+    _assert_cancelled(server, "break-sync")
+    # Explicit close, checked while the stream object is still referenced.
+    with client.stream(SLOW_PROMPT * 40, max_tokens=160, request_id="close-sync") as stream:
+        next(stream)
+    _assert_cancelled(server, "close-sync")
+    del stream
 
 
 def test_server_info_and_step_stats(client: Client):
@@ -298,19 +302,18 @@ def test_async_abandoned_stream_is_cancelled(target: str, server: ServerThread):
     async def scenario() -> None:
         async with AsyncClient(target, timeout=10) as c:
             count = 0
-            async for _ in c.stream(SLOW_PROMPT * 40, max_tokens=160, request_id="abandon-async"):
+            async for _ in c.stream(SLOW_PROMPT * 40, max_tokens=160, request_id="break-async"):
                 count += 1
                 if count == 2:
                     break
-            async with c.stream(SLOW_PROMPT * 40, max_tokens=160,
-                                request_id="abandon-async-ctx") as stream:
+            await asyncio.to_thread(_assert_cancelled, server, "break-async")
+            # Explicit close, checked while the stream object is still referenced.
+            async with c.stream(SLOW_PROMPT * 40, max_tokens=160, request_id="close-async") as stream:
                 await stream.__anext__()
+            await asyncio.to_thread(_assert_cancelled, server, "close-async")
+            del stream
 
     asyncio.run(scenario())
-    for request_id in ("abandon-async", "abandon-async-ctx"):
-        assert server.servicer.stream_finished[request_id].wait(5)
-        assert server.servicer.stream_cancelled[request_id]
-        assert server.servicer.stream_sent[request_id] < 160
 
 
 # --------------------------------------------------------------------------- CLI
