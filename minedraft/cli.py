@@ -4,43 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 
-def _demo(args: argparse.Namespace) -> int:
-    import torch
+def _serve(args: argparse.Namespace) -> int:
+    from minedraft.launcher import ServeConfig, serve_forever
 
-    from minedraft import bundled
-    from minedraft.llm import LLM
-    from minedraft.sampling_params import SamplingParams
-
-    torch.set_num_threads(args.threads)
-    llm = LLM(bundled.TARGET, bundled.DRAFT)
-    prompts = bundled.load_prompts(args.num_prompts)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
-    print(f"bundled pair, {len(prompts)} held-out prompts, {args.max_tokens} tokens each, "
-          f"batch {args.batch}, {args.threads} thread(s)\n")
-    print("prompt:\n" + prompts[0] + "\n")
-    rows, reference = [], None
-    for mode, k in [("ar", 0)] + [("sd", k) for k in args.k]:
-        start = time.perf_counter()
-        outputs = llm.generate(prompts, params, mode=mode, k=k, max_batch=args.batch)
-        elapsed = time.perf_counter() - start
-        tokens = sum(len(o.token_ids) for o in outputs)
-        stats = outputs[0].stats
-        for o in outputs[1:]:
-            stats.merge(o.stats)
-        same = "reference" if reference is None else (
-            "yes" if [o.token_ids for o in outputs] == reference else "NO")
-        reference = reference or [o.token_ids for o in outputs]
-        label = mode if mode == "ar" else f"sd k={k}"
-        rows.append((label, tokens / elapsed, stats.mean_acceptance_length if k else 1.0, same))
-        if mode == "ar":
-            print("ar completion:\n" + outputs[0].text + "\n")
-    print(f"{'mode':<10}{'tokens/s':>10}{'mean acc. len':>15}  greedy output == ar")
-    for label, tps, mal, same in rows:
-        print(f"{label:<10}{tps:>10.1f}{mal:>15.2f}  {same}")
-    return 0 if all(r[3] != "NO" for r in rows) else 1
+    config = ServeConfig(
+        mode=args.mode, k=args.k, max_batch=args.max_batch, port=args.port, host=args.host,
+        target=args.target, draft=args.draft, dtype=args.dtype, target_device=args.target_device,
+        draft_device=args.draft_device, target_threads=args.target_threads,
+        draft_threads=args.draft_threads, target_cpus=args.target_cpus, draft_cpus=args.draft_cpus,
+        data_plane=args.data_plane, num_blocks=args.num_blocks, log_level=args.log_level)
+    return serve_forever(config)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -83,13 +58,30 @@ def _generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minedraft", description="LLM serving with batch-parallel speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="generate with the bundled model pair in every mode")
-    demo.add_argument("--num-prompts", type=int, default=8)
-    demo.add_argument("--max-tokens", type=int, default=64)
-    demo.add_argument("--batch", type=int, default=8)
-    demo.add_argument("--threads", type=int, default=1)
-    demo.add_argument("--k", type=int, nargs="+", default=[2, 4])
-    demo.set_defaults(func=_demo)
+    from minedraft import demo as demo_cmd
+    from minedraft.launcher import ServeConfig
+
+    demo_cmd.add_parser(sub)
+    defaults = ServeConfig()
+    serve = sub.add_parser("serve", help="start gateway, verifier and drafter on this host")
+    serve.add_argument("--mode", default="psd", choices=["ar", "sd", "psd"])
+    serve.add_argument("--k", type=int, default=4, help="draft length")
+    serve.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
+    serve.add_argument("--port", type=int, default=50051, help="public gRPC port")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--target", default=defaults.target, help="target model directory")
+    serve.add_argument("--draft", default=defaults.draft, help="draft model directory")
+    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--target-device", default="cpu")
+    serve.add_argument("--draft-device", default="cpu")
+    serve.add_argument("--target-threads", type=int, default=1)
+    serve.add_argument("--draft-threads", type=int, default=1)
+    serve.add_argument("--target-cpus", default=defaults.target_cpus, help="cores for the verifier")
+    serve.add_argument("--draft-cpus", default=defaults.draft_cpus, help="cores for the drafter")
+    serve.add_argument("--data-plane", default="gloo", choices=["gloo", "nccl", "inband"])
+    serve.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
+    serve.add_argument("--log-level", default="WARNING")
+    serve.set_defaults(func=_serve)
     gen = sub.add_parser("generate", help="send one prompt to a running gateway")
     gen.add_argument("prompt")
     gen.add_argument("--server", default="localhost:50051", help="gateway address, HOST:PORT")

@@ -124,7 +124,13 @@ class Cluster:
         self.stop()
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_forever(config: ServeConfig) -> int:
+    for sig in (signal.SIGINT, signal.SIGTERM):       # also when started with SIGINT ignored
+        signal.signal(sig, _interrupt)
     cluster = Cluster(config)
     cluster.start()
     print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}) serving on {cluster.address}; "
@@ -137,4 +143,6 @@ def serve_forever(config: ServeConfig) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not orphan services
         cluster.stop()
+        print("minedraft: all services stopped", flush=True)

@@ -1,0 +1,96 @@
+"""`minedraft demo`: the bundled pair served in every mode, side by side.
+
+Starts the services (verifier and drafter on their own cores), streams one completion,
+then runs a handful of concurrent requests per mode and prints tokens/s and mean
+acceptance length. With --in-process it uses the library directly instead of services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from minedraft import bundled
+
+
+def run(args: argparse.Namespace) -> int:
+    prompts = bundled.load_prompts(args.num_prompts)
+    print(f"bundled pair, {len(prompts)} held-out prompts x {args.max_tokens} tokens, "
+          f"concurrency {args.concurrency}, k={args.k}\n")
+    rows = _in_process(args, prompts) if args.in_process else _services(args, prompts)
+    reference = rows[0][3]
+    print(f"\n{'mode':<6}{'tokens/s':>10}{'mean acc. len':>15}  greedy output == ar")
+    for mode, tps, mal, outputs in rows:
+        same = "reference" if mode == "ar" else ("yes" if outputs == reference else "NO")
+        print(f"{mode:<6}{tps:>10.1f}{mal:>15.2f}  {same}")
+    return 0 if all(r[3] == reference for r in rows) else 1
+
+
+def _services(args, prompts):
+    from minedraft.client import Client
+    from minedraft.launcher import Cluster, ServeConfig
+
+    rows = []
+    for mode in ("ar", "sd", "psd"):
+        m = args.concurrency // 2 if mode == "psd" else args.concurrency
+        cluster = Cluster(ServeConfig(mode=mode, k=args.k, max_batch=max(1, m), port=0))
+        print(f"starting {mode} services ...", flush=True)
+        with cluster, Client(cluster.address, timeout=600) as client:
+            if mode == "psd":
+                print("streamed psd completion:\n" + "-" * 40)
+                print(prompts[0], end="")
+                for chunk in client.stream(prompts[0], max_tokens=args.max_tokens, ignore_eos=True):
+                    print(chunk.text, end="", flush=True)
+                print("\n" + "-" * 40)
+            start = time.perf_counter()
+            with ThreadPoolExecutor(args.concurrency) as pool:
+                results = list(pool.map(lambda p: client.generate(p, max_tokens=args.max_tokens, ignore_eos=True),
+                                        prompts))
+            elapsed = time.perf_counter() - start
+        tokens = sum(len(r.token_ids) for r in results)
+        steps = sum(r.stats.num_steps for r in results)
+        emitted = sum(r.stats.num_accepted + r.stats.num_steps for r in results)
+        rows.append((mode, tokens / elapsed, emitted / steps if steps and mode != "ar" else 1.0,
+                     [r.token_ids for r in results]))
+    return rows
+
+
+def _in_process(args, prompts):
+    import torch
+
+    from minedraft.llm import LLM
+    from minedraft.metrics import AcceptanceStats
+    from minedraft.sampling_params import SamplingParams
+
+    torch.set_num_threads(1)
+    llm = LLM(bundled.TARGET, bundled.DRAFT)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    rows = []
+    for mode in ("ar", "sd"):
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, mode=mode, k=args.k, max_batch=args.concurrency)
+        elapsed = time.perf_counter() - start
+        stats = AcceptanceStats()
+        for o in outputs:
+            stats.merge(o.stats)
+        if mode == "ar":
+            print("ar completion:\n" + prompts[0] + outputs[0].text + "\n")
+        rows.append((mode, sum(len(o.token_ids) for o in outputs) / elapsed,
+                     stats.mean_acceptance_length if mode == "sd" else 1.0, [o.token_ids for o in outputs]))
+    return rows
+
+
+def add_parser(sub) -> None:
+    demo = sub.add_parser("demo", help="serve the bundled pair in every mode and compare")
+    demo.add_argument("--num-prompts", type=int, default=16)
+    demo.add_argument("--max-tokens", type=int, default=64)
+    demo.add_argument("--concurrency", type=int, default=8)
+    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--in-process", action="store_true", help="use the library in this process")
+    demo.set_defaults(func=run)
+
+
+if __name__ == "__main__":
+    sys.exit(run(argparse.Namespace(num_prompts=16, max_tokens=64, concurrency=8, k=4, in_process=False)))
