@@ -67,7 +67,7 @@ def data_plane_share(run: dict) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 16])
-    parser.add_argument("--k", type=int, nargs="+", default=[2, 3, 4, 5])
+    parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 6, 8])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--waves", type=int, default=2, help="requests = waves x concurrency")
     parser.add_argument("--json", help="write every number here")
