@@ -105,7 +105,7 @@ class ModelRunner:
             self._cached_tokens.setdefault(chunk.request_id, []).extend(chunk.token_ids)
         slots = [self.blocks.slots(c.request_id, ctx + new)
                  for c, ctx, new in zip(chunks, context_lens, new_lens)]
-        meta = build_metadata(context_lens, new_lens, slots, self.device)
+        meta = build_metadata(context_lens, new_lens, slots, self.device, self.config.torch_dtype)
         input_ids: list[int] = []
         positions: list[int] = []
         logits_rows: list[int] = []

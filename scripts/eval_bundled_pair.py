@@ -22,6 +22,7 @@ from minedraft.metrics import AcceptanceStats
 from minedraft.sampling_params import SamplingParams
 
 KS = range(1, 7)
+CEILING_KS = range(1, 9)
 
 
 def acceptance(llm: LLM, prompts: list[str], max_tokens: int) -> dict:
@@ -57,6 +58,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, default=Path(bundled.ROOT))
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the batch-1 comparison")
     args = parser.parse_args()
     torch.set_num_threads(1)
     llm = LLM(bundled.TARGET, bundled.DRAFT, dtype="float32")
@@ -67,16 +69,21 @@ def main() -> None:
     accept = acceptance(llm, prompts, args.max_tokens)
 
     print("batch 1, one thread: sd vs ar", flush=True)
+    # Interleaved rounds, median per configuration: this machine's speed drifts over minutes.
     few = prompts[:8]
-    ar_tps = throughput(llm, few, args.max_tokens, "ar", 0, 1)
-    sd_tps = {k: throughput(llm, few, args.max_tokens, "sd", k, 1) for k in KS}
+    rounds: dict[int, list[float]] = {k: [] for k in [0, *KS]}
+    for _ in range(args.rounds):
+        for k in rounds:
+            rounds[k].append(throughput(llm, few, args.max_tokens, "sd" if k else "ar", k, 1))
+    ar_tps = statistics.median(rounds[0])
+    sd_tps = {k: statistics.median(rounds[k]) for k in KS}
     best_sd_k = max(sd_tps, key=sd_tps.get)
     print(f"ar {ar_tps:.1f} tok/s; sd best k={best_sd_k} {sd_tps[best_sd_k]:.1f} tok/s "
           f"({sd_tps[best_sd_k] / ar_tps:.2f}x)", flush=True)
 
     print("overlap ceiling at concurrency 8:", flush=True)
     ceilings = {}
-    for k in KS:
+    for k in CEILING_KS:
         t8, v8 = step_costs(llm, prompts, 8, k, args.max_tokens)
         t4, v4 = step_costs(llm, prompts, 4, k, args.max_tokens)
         ceiling = (t8 + v8) / (2 * max(t4, v4))
