@@ -48,8 +48,10 @@ def throughput(llm: LLM, prompts: list[str], max_tokens: int, mode: str, k: int,
 def step_costs(llm: LLM, prompts: list[str], batch: int, k: int, max_tokens: int) -> tuple[float, float]:
     """Median drafter and verifier time per step with `batch` requests in flight throughout."""
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    llm.generate(prompts[:batch], params, mode="sd", k=k, max_batch=batch)
-    steady = [s for s in llm.step_timings[2:] if s.batch_size == batch][:-3]
+    steady = []
+    for start in (0, batch):                    # two different prompt sets, pooled
+        llm.generate(prompts[start:start + batch], params, mode="sd", k=k, max_batch=batch)
+        steady += [s for s in llm.step_timings[2:] if s.batch_size == batch][:-3]
     return (statistics.median(s.draft_s for s in steady), statistics.median(s.verify_s for s in steady))
 
 
@@ -84,8 +86,8 @@ def main() -> None:
     print("overlap ceiling at concurrency 8:", flush=True)
     ceilings = {}
     for k in CEILING_KS:
-        t8, v8 = step_costs(llm, prompts, 8, k, args.max_tokens)
-        t4, v4 = step_costs(llm, prompts, 4, k, args.max_tokens)
+        t8, v8 = step_costs(llm, prompts, 8, k, 2 * args.max_tokens)
+        t4, v4 = step_costs(llm, prompts, 4, k, 2 * args.max_tokens)
         ceiling = (t8 + v8) / (2 * max(t4, v4))
         ceilings[k] = {"t8_ms": t8 * 1e3, "v8_ms": v8 * 1e3, "t4_ms": t4 * 1e3, "v4_ms": v4 * 1e3,
                        "ceiling": ceiling}
@@ -104,6 +106,7 @@ def write_model_card(out: Path, report: dict) -> None:
     training = json.loads((out / "training.json").read_text())
     acc = report["acceptance"]
     best_c = max(report["overlap_ceiling_c8"].items(), key=lambda kv: kv[1]["ceiling"])
+    acc = {int(k): v for k, v in acc.items()}
     lines = [
         "# Bundled model pair", "",
         "A small target and a draft distilled from it, both Qwen3 architecture, trained by",
@@ -139,6 +142,23 @@ def write_model_card(out: Path, report: dict) -> None:
     for k, row in report["overlap_ceiling_c8"].items():
         lines.append(f"| {k} | {row['t8_ms']:.1f} | {row['v8_ms']:.1f} | {row['t4_ms']:.1f} | "
                      f"{row['v4_ms']:.1f} | {row['ceiling']:.3f} |")
+    k1, k4 = acc[1]["acceptance_rate"], acc[4]["mean_acceptance_length"]
+    checks = [("per-token acceptance at k = 1", ">= 0.80", f"{k1:.3f}", k1 >= 0.8),
+              ("mean acceptance length at k = 4", ">= 3.0", f"{k4:.2f}", k4 >= 3.0),
+              ("sequential SD vs plain decoding, batch 1, one core", ">= 1.3x",
+               f"{report['batch1_sd_speedup']:.2f}x", report["batch1_sd_speedup"] >= 1.3),
+              ("equal-concurrency overlap ceiling at C = 8, best k", ">= 1.25",
+               f"{best_c[1]['ceiling']:.2f}", best_c[1]["ceiling"] >= 1.25)]
+    lines += ["", "## Targets", "", "| target | wanted | reached | met |", "|---|---|---|---|"]
+    lines += [f"| {name} | {want} | {got} | {'yes' if ok else 'no'} |" for name, want, got, ok in checks]
+    lines += ["", "Speed figures on this 2-core machine drift by 10-20% between runs; the batch-1",
+              "comparison takes the median of interleaved rounds. The two speed targets pull in",
+              "opposite directions: a cheaper draft speeds up batch-1 SD, while the overlap ceiling",
+              "needs drafting to cost about as much as verifying at batch C/2, so the pair sits",
+              "near both limits rather than far past either.", "",
+              "Training time: the run above shared the two cores with other work for most of the",
+              "target's training; uncontended, the target's steps took 1.7 s and the draft's 0.85 s",
+              "(about 23 + 10 minutes for the whole script)."]
     (out / "MODEL_CARD.md").write_text("\n".join(lines) + "\n")
     print(f"wrote {out / 'MODEL_CARD.md'}")
 
