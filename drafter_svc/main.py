@@ -65,7 +65,10 @@ async def serve(args: argparse.Namespace) -> None:
     server, port = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                       args.host, args.port, ["minedraft.v1.Drafter"])
     logger.info("drafter serving %s on %s:%d (data plane %s)", args.model, args.host, port, info.data_plane)
-    await server.wait_for_termination()
+    try:
+        await server.wait_for_termination()
+    finally:
+        await server.stop(grace=1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from minedraft.data_plane import DraftPayload, DraftSender
 from minedraft.drafter import Drafter
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import params_from_proto
+from minedraft.service import engine_info
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 
@@ -70,10 +71,4 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self._last_send = (time.perf_counter() - start, payload.nbytes)
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
-        runner = self.drafter.runner
-        cfg = runner.model_config
-        return engine_pb2.EngineInfo(
-            model=self.model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
-            max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
-            block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
-            dtype=runner.config.dtype, data_plane=self.data_plane)
+        return engine_info(self.drafter.runner, self.model_name, self.data_plane)

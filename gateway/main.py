@@ -66,6 +66,7 @@ async def serve(args: argparse.Namespace) -> None:
         await server.wait_for_termination()
     finally:
         loop_task.cancel()
+        await server.stop(grace=1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,6 +78,7 @@ class BatchManager:
         self._wakeup = asyncio.Event()
         self._step_id = 0
         self._t0 = time.perf_counter()
+        self._rpc_seconds = {"draft": 0.0, "verify": 0.0}   # last step's calls, for StepRecord
 
     # ---- requests in and out -------------------------------------------------------------
     def blocks_for(self, req: ActiveRequest) -> int:
@@ -177,6 +178,7 @@ class BatchManager:
         self._step_id += 1
         step_id = self._step_id
         start = time.perf_counter()
+        self._rpc_seconds = {"draft": 0.0, "verify": 0.0}
         calls = []
         if verify_batch is not None:
             calls.append(self._verify(step_id, verify_batch))
@@ -185,7 +187,8 @@ class BatchManager:
         results = await asyncio.gather(*calls, return_exceptions=True)
         record = generation_pb2.StepRecord(
             step_id=step_id, start_s=start - self._t0, wall_s=time.perf_counter() - start,
-            kind="overlap" if len(calls) == 2 else ("verify" if verify_batch is not None else "draft"))
+            kind="overlap" if len(calls) == 2 else ("verify" if verify_batch is not None else "draft"),
+            draft_rpc_s=self._rpc_seconds["draft"], verify_rpc_s=self._rpc_seconds["verify"])
         batches = ([verify_batch] if verify_batch is not None else []) + (
             [draft_batch] if draft_batch is not None else [])
         for batch, result in zip(batches, results):
@@ -215,10 +218,12 @@ class BatchManager:
             step_id=step_id, new_requests=new_requests, finished=finished,
             items=[engine_pb2.VerifyItem(request_id=r.request_id, num_draft=k) for r, k in items],
             draft_step_id=batch.draft_step_id, with_probs=batch.with_probs)
+        start = time.perf_counter()
         try:
             response = await self.verifier.Step(message)
         finally:
             batch.drafted = None
+        self._rpc_seconds["verify"] = time.perf_counter() - start
         results = {r.request_id: list(r.token_ids) for r in response.results}
         for req, k in items:
             if req.request_id in results:
@@ -252,9 +257,11 @@ class BatchManager:
                 updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
             req.pending_diff = []
         finished, self._free_on_drafter = self._free_on_drafter, []
+        start = time.perf_counter()
         response = await self.drafter.Step(engine_pb2.DraftStepRequest(
             step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
             items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]))
+        self._rpc_seconds["draft"] = time.perf_counter() - start
         batch.drafted = items
         batch.draft_step_id = step_id
         batch.with_probs = response.with_probs

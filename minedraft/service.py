@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.config import RunnerConfig
+from minedraft.v1 import engine_pb2
 
 logger = logging.getLogger("minedraft")
 
@@ -111,3 +112,13 @@ async def wait_healthy(address: str, timeout_s: float) -> None:
             if loop.time() > deadline:
                 raise TimeoutError(f"{address} not healthy after {timeout_s:.0f} s")
             await asyncio.sleep(0.2)
+
+
+def engine_info(runner, model_name: str, data_plane: str, data_plane_address: str = "") -> engine_pb2.EngineInfo:
+    """GetInfo answer of a drafter or verifier: what the gateway sizes its admission by."""
+    cfg = runner.model_config
+    return engine_pb2.EngineInfo(
+        model=model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
+        max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
+        block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
+        dtype=runner.config.dtype, data_plane=data_plane, data_plane_address=data_plane_address)

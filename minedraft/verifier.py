@@ -8,43 +8,15 @@ the verified token sequence of each request: what it returns is the diff to appe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from minedraft.drafter import sampling_rows
-from minedraft.model_runner import ForwardChunk, ModelRunner
+from minedraft.engine_requests import RequestState, RequestTable, sampling_rows
+from minedraft.model_runner import ForwardChunk
 from minedraft.rejection_sampler import rejection_sample
 from minedraft.sampling import VERIFY_STREAM, processed_probs, request_noise
-from minedraft.sampling_params import SamplingParams
 
 
-@dataclass
-class _VerifyState:
-    token_ids: list[int]
-    params: SamplingParams
-    seed: int
-
-
-class Verifier:
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self._requests: dict[str, _VerifyState] = {}
-
-    def __contains__(self, request_id: str) -> bool:
-        return request_id in self._requests
-
-    def add_request(self, request_id: str, token_ids: list[int], params: SamplingParams, seed: int) -> None:
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} already exists")
-        if not token_ids:
-            raise ValueError(f"request {request_id!r}: token_ids is empty")
-        self._requests[request_id] = _VerifyState(list(token_ids), params, seed)
-
-    def remove_request(self, request_id: str) -> None:
-        self._requests.pop(request_id, None)
-        self.runner.free(request_id)
-
+class Verifier(RequestTable):
     def token_ids(self, request_id: str) -> list[int]:
         return self._requests[request_id].token_ids
 
@@ -55,7 +27,7 @@ class Verifier:
         states = [self._requests[rid] for rid, _ in requests]
         chunks = []
         for (rid, drafts), state in zip(requests, states):
-            unverified = self._unverified(rid, state)
+            unverified = self.uncached_tokens(rid)
             chunks.append(ForwardChunk(rid, unverified + list(drafts), num_logits=len(drafts) + 1))
         logits = self.runner.forward(chunks)                        # [sum(k_i + 1), V]
         ks = [len(drafts) for _, drafts in requests]
@@ -76,16 +48,8 @@ class Verifier:
             self.runner.reconcile(rid, state.token_ids)
         return new_tokens
 
-    def _unverified(self, request_id: str, state: _VerifyState) -> list[int]:
-        """Verified tokens not in the cache yet: the prompt when new, else the last token."""
-        cached = self.runner.reconcile(request_id, state.token_ids)
-        if cached == len(state.token_ids):
-            cached -= 1
-            self.runner.truncate(request_id, cached)
-        return state.token_ids[cached:]
-
     @staticmethod
-    def _noise(states: list[_VerifyState], ks: list[int], logits: torch.Tensor):
+    def _noise(states: list[RequestState], ks: list[int], logits: torch.Tensor):
         """Noise keyed by (seed, position of the token decided): batching-independent."""
         rows = sum(k + 1 for k in ks)
         vocab = logits.shape[-1]

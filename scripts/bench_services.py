@@ -21,9 +21,10 @@ from minedraft.client import Client
 from minedraft.launcher import Cluster, ServeConfig
 
 
-def run_mode(mode: str, k: int, concurrency: int, prompts: list[str], max_tokens: int) -> dict:
+def run_mode(mode: str, k: int, concurrency: int, prompts: list[str], max_tokens: int,
+             data_plane: str = "gloo") -> dict:
     m = concurrency // 2 if mode == "psd" else concurrency
-    with Cluster(ServeConfig(mode=mode, k=k, max_batch=m, port=0)) as cluster, \
+    with Cluster(ServeConfig(mode=mode, k=k, max_batch=m, port=0, data_plane=data_plane)) as cluster, \
             Client(cluster.address, timeout=900) as client:
         client.generate(prompts[0], max_tokens=8)                      # warm-up
         warm_steps = len(client.step_stats())
@@ -70,6 +71,7 @@ def main() -> int:
     parser.add_argument("--k", type=int, nargs="+", default=[2, 4, 6, 8])
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--waves", type=int, default=2, help="requests = waves x concurrency")
+    parser.add_argument("--data-plane", default="gloo", choices=["gloo", "inband"])
     parser.add_argument("--json", help="write every number here")
     args = parser.parse_args()
     report = {"config": vars(args), "results": []}
@@ -78,7 +80,7 @@ def main() -> int:
         runs = {("ar", 0): run_mode("ar", 0, c, prompts, args.max_tokens)}
         for k in args.k:
             for mode in ("sd", "psd"):
-                runs[(mode, k)] = run_mode(mode, k, c, prompts, args.max_tokens)
+                runs[(mode, k)] = run_mode(mode, k, c, prompts, args.max_tokens, args.data_plane)
                 print(f"C={c} {mode} k={k}: {runs[(mode, k)]['tokens_per_s']:.1f} tok/s", flush=True)
         reference = runs[("ar", 0)]["token_ids"]
         best = {mode: max((r for (m_, _), r in runs.items() if m_ == mode), key=lambda r: r["tokens_per_s"])

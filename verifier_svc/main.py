@@ -53,7 +53,10 @@ async def serve(args: argparse.Namespace) -> None:
             logger.info("data plane %s formed on %s", args.data_plane, address)
 
         await asyncio.get_running_loop().run_in_executor(servicer.compute, connect)
-    await server.wait_for_termination()
+    try:
+        await server.wait_for_termination()
+    finally:
+        await server.stop(grace=1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

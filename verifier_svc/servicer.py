@@ -16,6 +16,7 @@ import grpc
 from minedraft.data_plane import DraftReceiver, InBandDraftReceiver, decode_payload
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import params_from_proto
+from minedraft.service import engine_info
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from minedraft.verifier import Verifier
 
@@ -95,12 +96,4 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         return engine_pb2.PutDraftsResponse()
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
-        runner = self.verifier.runner
-        cfg = runner.model_config
-        return engine_pb2.EngineInfo(
-            model=self.model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
-            max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
-            block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
-            dtype=runner.config.dtype, data_plane=self.data_plane,
-            data_plane_address=self.data_plane_address)
-
+        return engine_info(self.verifier.runner, self.model_name, self.data_plane, self.data_plane_address)
