@@ -119,3 +119,17 @@ def test_bad_chunks_are_rejected(tiny_checkpoints):
         runner.forward([ForwardChunk("e", [1, 2], num_logits=3)])
     with pytest.raises(ValueError, match="max_position"):
         runner.forward([ForwardChunk("e", [1] * 300)])
+
+
+def test_bfloat16_runner_tracks_float32(tiny_checkpoints):
+    """bfloat16 weights and KV cache: same argmax almost everywhere, logits close."""
+    path = tiny_checkpoints["qwen3"]
+    seq = _tokens(20, 21)
+    full = _runner(path).forward([ForwardChunk("a", seq, num_logits=len(seq))])
+    half_runner = ModelRunner(RunnerConfig(model_path=str(path), dtype="bfloat16", block_size=4, num_blocks=64))
+    assert half_runner.kv_cache.storage.dtype == torch.bfloat16
+    half = torch.cat([half_runner.forward([ForwardChunk("a", seq[:12], num_logits=12)]),
+                      half_runner.forward([ForwardChunk("a", seq[12:], num_logits=8)])])
+    assert half.dtype == torch.float32 and half.shape == full.shape
+    assert (half - full).abs().max() < 0.1 * full.abs().max()
+    assert (half.argmax(-1) == full.argmax(-1)).float().mean() >= 0.9

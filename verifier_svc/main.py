@@ -1,4 +1,9 @@
-"""Start the verifier service: `python -m verifier_svc --model DIR --port N`."""
+"""Start the verifier service: `python -m verifier_svc --model DIR --port N`.
+
+One process holds the whole target for now. Tensor parallelism will run the verifier as N
+ranks of one process group, with rank 0 serving this gRPC API and handing each step to
+the others; nothing in the servicer assumes a single rank beyond this entry point.
+"""
 
 from __future__ import annotations
 
