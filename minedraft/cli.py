@@ -59,9 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minedraft", description="LLM serving with batch-parallel speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
     from minedraft import demo as demo_cmd
+    from minedraft.bench import main as bench_cmd
     from minedraft.launcher import ServeConfig
 
     demo_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
     defaults = ServeConfig()
     serve = sub.add_parser("serve", help="start gateway, verifier and drafter on this host")
     serve.add_argument("--mode", default="psd", choices=["ar", "sd", "psd"])

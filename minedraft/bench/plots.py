@@ -1,0 +1,85 @@
+"""PNG plots of a benchmark run (matplotlib, headless)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
+    plt = _pyplot()
+    written = []
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        fig, (ax_tps, ax_p99) = plt.subplots(1, 2, figsize=(10, 4))
+        for mode in sorted({r["mode"] for r in rows}):
+            pts = sorted((r["k"], r["output_tokens_per_s"], r["latency_p99_s"]) for r in rows
+                         if r["mode"] == mode and r["concurrency"] == concurrency)
+            ks = [p[0] for p in pts]
+            style = "--" if mode == "ar" else "-o"
+            if mode == "ar" and len(pts) == 1:
+                ks = sorted({r["k"] for r in rows if r["k"]}) or [0]
+                pts = [pts[0]] * len(ks)
+            ax_tps.plot(ks, [p[1] for p in pts], style, label=mode)
+            ax_p99.plot(ks, [p[2] for p in pts], style, label=mode)
+        ax_tps.set(xlabel="draft length k", ylabel="output tokens/s", title=f"throughput, C={concurrency}")
+        ax_p99.set(xlabel="draft length k", ylabel="p99 latency (s)", title=f"p99 latency, C={concurrency}")
+        ax_tps.legend()
+        fig.tight_layout()
+        path = out / f"vs_k_c{concurrency}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for mode in sorted({r["mode"] for r in rows}):
+        best = {}
+        for r in rows:
+            if r["mode"] == mode:
+                c = r["concurrency"]
+                best[c] = max(best.get(c, 0.0), r["output_tokens_per_s"])
+        cs = sorted(best)
+        ax.plot(cs, [best[c] for c in cs], "-o", label=f"{mode} (best k)")
+    ax.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput at equal concurrency")
+    ax.legend()
+    fig.tight_layout()
+    path = out / "vs_concurrency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12) -> Path:
+    """Drafter and verifier busy time per step. Bars start at the step's start (the services
+    report busy durations, not their offsets), so gaps are idle time at the step's end."""
+    plt = _pyplot()
+    middle = max(0, len(steps) // 2 - num_steps // 2)
+    window = steps[middle:middle + num_steps]
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    t0 = window[0]["start_s"] if window else 0.0
+    for s in window:
+        start = (s["start_s"] - t0) * 1e3
+        ax.broken_barh([(start, s["wall_s"] * 1e3)], (0.0, 2.0), facecolors="none", edgecolors="grey")
+        if s.get("verify_busy_s"):
+            ax.broken_barh([(start, (s.get("data_plane_s", 0.0) + s["verify_busy_s"]) * 1e3)], (1.05, 0.85),
+                           facecolors="tab:blue")
+        if s.get("draft_busy_s"):
+            ax.broken_barh([(start, s["draft_busy_s"] * 1e3)], (0.1, 0.85), facecolors="tab:orange")
+    ax.set_yticks([0.5, 1.5], labels=["drafter", "verifier"])
+    ax.set(xlabel="ms", title=title)
+    fig.tight_layout()
+    path = out / f"timeline_{title.split()[0]}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,73 @@
+"""The benchmark harness: workload formats, metric definitions, and one real tiny run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minedraft.bench.driver import RequestTiming
+from minedraft.bench.report import overlap_ceiling, percentile, request_metrics, step_metrics
+from minedraft.bench.workload import load_prompts
+
+
+def test_workload_formats(tmp_path):
+    sharegpt = tmp_path / "sg.json"
+    sharegpt.write_text(json.dumps([
+        {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "hi"},
+                           {"from": "gpt", "value": "x"}]},
+        {"conversations": [{"from": "gpt", "value": "only an answer"}]}]))
+    assert load_prompts(str(sharegpt), 3) == ["hi", "hi", "hi"]
+    specbench = tmp_path / "question.jsonl"
+    specbench.write_text('{"question_id": 1, "turns": ["a", "b"]}\n{"turns": ["c"]}\n')
+    assert load_prompts(str(specbench), 2) == ["a", "c"]
+    plain = tmp_path / "p.jsonl"
+    plain.write_text('{"prompt": "p1"}\n"p2"\nnot json\n')
+    assert load_prompts(str(plain), 3) == ["p1", "p2", "not json"]
+    assert len(load_prompts(None, 5)) == 5
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("{}\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        load_prompts(str(empty), 1)
+
+
+def test_request_metrics():
+    timings = [RequestTiming(0.0, 0.1, 1.0, 10, 4, 12, 6, []), RequestTiming(0.5, 0.2, 2.5, 5, 2, 6, 0, [])]
+    m = request_metrics(timings, wall_s=2.5)
+    assert m["output_tokens_per_s"] == pytest.approx(15 / 2.5)
+    assert m["latency_p50_s"] in (1.0, 2.0) and m["latency_p99_s"] == 2.0
+    assert m["mean_acceptance_length"] == pytest.approx((6 + 6) / 6)    # bonus included
+    assert m["acceptance_rate"] == pytest.approx(6 / 18)
+    assert m["tpot_mean_s"] == pytest.approx(((1.0 - 0.1) / 9 + (2.0 - 0.2) / 4) / 2)
+    assert percentile([3, 1, 2], 50) == 2
+
+
+def test_step_metrics_and_ceiling():
+    sd = [{"wall_s": 0.030, "draft_busy_s": 0.010, "draft_batch": 8, "kind": "draft"},
+          {"wall_s": 0.022, "verify_busy_s": 0.020, "verify_batch": 8, "kind": "verify"}]
+    psd = [{"wall_s": 0.016, "draft_busy_s": 0.008, "draft_batch": 4, "verify_busy_s": 0.014,
+            "verify_batch": 4, "data_plane_s": 0.001, "kind": "overlap"}]
+    c = overlap_ceiling(sd, psd, 8)
+    assert c["ceiling"] == pytest.approx((0.010 + 0.020) / (2 * 0.014))
+    s = step_metrics(sd + psd)
+    wall = 0.030 + 0.022 + 0.016
+    assert s["gateway_share"] == pytest.approx((0.020 + 0.002 + 0.001) / wall)
+    assert s["data_plane_share"] == pytest.approx(0.001 / wall)
+    assert s["overlap_steps"] == 1
+
+
+def test_bench_cli_tiny_run(tmp_path):
+    from minedraft.cli import main
+
+    rc = main(["bench", "--modes", "ar", "sd", "psd", "--k", "2", "--concurrency", "2", "--num-prompts", "4",
+               "--max-tokens", "8", "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {r["mode"]: r for r in report["runs"]}
+    assert set(rows) == {"ar", "sd", "psd"} and all(r["same_as_ar"] for r in rows.values())
+    for key in ("output_tokens_per_s", "latency_p99_s", "ttft_p50_s", "tpot_mean_s", "gateway_share",
+                "data_plane_share", "drafter_idle_share", "mean_acceptance_length", "step_records"):
+        assert key in rows["psd"], key
+    assert rows["psd"]["ceiling"] > 0 and rows["psd"]["output_tokens"] == 4 * 8
+    assert report["environment"]["torch"]
+    assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png", "timeline_psd.png"}
