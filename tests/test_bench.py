@@ -70,4 +70,5 @@ def test_bench_cli_tiny_run(tmp_path):
         assert key in rows["psd"], key
     assert rows["psd"]["ceiling"] > 0 and rows["psd"]["output_tokens"] == 4 * 8
     assert report["environment"]["torch"]
-    assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png", "timeline_psd.png"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png",
+                                                        "timeline_psd_k2_c2.png"}

@@ -79,7 +79,7 @@ def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12)
     ax.set_yticks([0.5, 1.5], labels=["drafter", "verifier"])
     ax.set(xlabel="ms", title=title)
     fig.tight_layout()
-    path = out / f"timeline_{title.split()[0]}.png"
+    path = out / ("timeline_" + title.replace("=", "").replace(" ", "_").lower() + ".png")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
