@@ -42,13 +42,20 @@ class AcceptanceSummary:
     num_accepted: int
     mean_acceptance_length: float
     acceptance_rate: float
+    drafted_at: tuple[int, ...] = ()     # [j]: steps that drafted position j
+    accepted_at: tuple[int, ...] = ()    # [j]: steps whose draft at position j was accepted
+
+    @property
+    def acceptance_rate_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @classmethod
     def from_proto(cls, stats: generation_pb2.AcceptanceStats) -> AcceptanceSummary:
         return cls(num_steps=stats.num_steps, num_drafted=stats.num_drafted,
                    num_accepted=stats.num_accepted,
                    mean_acceptance_length=stats.mean_acceptance_length,
-                   acceptance_rate=stats.acceptance_rate)
+                   acceptance_rate=stats.acceptance_rate,
+                   drafted_at=tuple(stats.drafted_at), accepted_at=tuple(stats.accepted_at))
 
 
 @dataclass(frozen=True)

@@ -48,4 +48,5 @@ def new_request_proto(request_id: str, token_ids: list[int], params: SamplingPar
 def stats_to_proto(stats: AcceptanceStats) -> generation_pb2.AcceptanceStats:
     return generation_pb2.AcceptanceStats(
         num_steps=stats.num_steps, num_drafted=stats.num_drafted, num_accepted=stats.num_accepted,
-        mean_acceptance_length=stats.mean_acceptance_length, acceptance_rate=stats.acceptance_rate)
+        mean_acceptance_length=stats.mean_acceptance_length, acceptance_rate=stats.acceptance_rate,
+        drafted_at=stats.drafted_at, accepted_at=stats.accepted_at)

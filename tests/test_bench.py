@@ -32,13 +32,15 @@ def test_workload_formats(tmp_path):
 
 
 def test_request_metrics():
-    timings = [RequestTiming(0.0, 0.1, 1.0, 10, 4, 12, 6, []), RequestTiming(0.5, 0.2, 2.5, 5, 2, 6, 0, [])]
+    timings = [RequestTiming(0.0, 0.1, 1.0, 10, 4, 12, 6, [], (4, 4, 4), (3, 2, 1)),
+               RequestTiming(0.5, 0.2, 2.5, 5, 2, 6, 0, [], (2, 2, 2), (0, 0, 0))]
     m = request_metrics(timings, wall_s=2.5)
     assert m["output_tokens_per_s"] == pytest.approx(15 / 2.5)
     assert m["latency_p50_s"] in (1.0, 2.0) and m["latency_p99_s"] == 2.0
     assert m["mean_acceptance_length"] == pytest.approx((6 + 6) / 6)    # bonus included
     assert m["acceptance_rate"] == pytest.approx(6 / 18)
     assert m["tpot_mean_s"] == pytest.approx(((1.0 - 0.1) / 9 + (2.0 - 0.2) / 4) / 2)
+    assert m["acceptance_rate_per_position"] == pytest.approx([3 / 6, 2 / 6, 1 / 6])
     assert percentile([3, 1, 2], 50) == 2
 
 
@@ -66,9 +68,11 @@ def test_bench_cli_tiny_run(tmp_path):
     rows = {r["mode"]: r for r in report["runs"]}
     assert set(rows) == {"ar", "sd", "psd"} and all(r["same_as_ar"] for r in rows.values())
     for key in ("output_tokens_per_s", "latency_p99_s", "ttft_p50_s", "tpot_mean_s", "gateway_share",
-                "data_plane_share", "drafter_idle_share", "mean_acceptance_length", "step_records"):
+                "data_plane_share", "drafter_idle_share", "mean_acceptance_length", "step_records",
+                "acceptance_rate_per_position"):
         assert key in rows["psd"], key
     assert rows["psd"]["ceiling"] > 0 and rows["psd"]["output_tokens"] == 4 * 8
+    assert len(rows["psd"]["acceptance_rate_per_position"]) == 2
     assert report["environment"]["torch"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png",
                                                         "timeline_psd_k2_c2.png"}

@@ -141,7 +141,9 @@ def test_streaming_matches_unary(clusters, prompts):
         assert streamed == list(unary.token_ids)
         assert "".join(c.text for c in chunks) == unary.text
         assert all(not c.finish_reason for c in chunks[:-1]) and chunks[-1].finish_reason == "length"
-        assert chunks[-1].stats.num_steps > 0
+        stats = chunks[-1].stats
+        assert stats.num_steps > 0
+        assert sum(stats.accepted_at) == stats.num_accepted and sum(stats.drafted_at) == stats.num_drafted
 
 
 def test_odd_patterns_complete_and_free_blocks(clusters, prompts, reference):

@@ -27,6 +27,8 @@ class RequestTiming:
     num_drafted: int
     num_accepted: int
     token_ids: list[int]
+    drafted_at: tuple[int, ...] = ()
+    accepted_at: tuple[int, ...] = ()
 
 
 async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bool, t0: float) -> RequestTiming:
@@ -42,7 +44,8 @@ async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bo
     end = time.perf_counter()
     return RequestTiming(start - t0, (first or end) - start, end - t0, len(tokens),
                          stats.num_steps if stats else 0, stats.num_drafted if stats else 0,
-                         stats.num_accepted if stats else 0, tokens)
+                         stats.num_accepted if stats else 0, tokens,
+                         stats.drafted_at if stats else (), stats.accepted_at if stats else ())
 
 
 async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool,

@@ -23,6 +23,9 @@ def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
     drafted = sum(t.num_drafted for t in timings)
     accepted = sum(t.num_accepted for t in timings)
     tokens = sum(t.output_tokens for t in timings)
+    positions = max((len(t.drafted_at) for t in timings), default=0)
+    drafted_at = [sum(t.drafted_at[j] for t in timings if j < len(t.drafted_at)) for j in range(positions)]
+    accepted_at = [sum(t.accepted_at[j] for t in timings if j < len(t.accepted_at)) for j in range(positions)]
     return {
         "requests": len(timings), "output_tokens": tokens, "wall_s": wall_s,
         "output_tokens_per_s": tokens / wall_s, "requests_per_s": len(timings) / wall_s,
@@ -33,6 +36,7 @@ def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
         # Defined once (minedraft.metrics): bonus token included; plain decoding scores 1.0.
         "mean_acceptance_length": (accepted + steps) / steps if drafted and steps else 1.0,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)],
     }
 
 

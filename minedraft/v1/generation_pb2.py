@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dminedraft/v1/generation.proto\x12\x0cminedraft.v1\"\xae\x01\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x80\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\x88\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x1e\n\x16mean_acceptance_length\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\"\xa3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\xa9\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\x13\n\x11ServerInfoRequest\"\x8a\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\r\x12\x14\n\x0ctarget_model\x18\x04 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x14\n\x0cnum_drafters\x18\x07 \x01(\r\"%\n\x10StepStatsRequest\x12\x11\n\tmax_steps\x18\x01 \x01(\r\"\xff\x01\n\nStepRecord\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07start_s\x18\x03 \x01(\x01\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64raft_busy_s\x18\x05 \x01(\x01\x12\x15\n\rverify_busy_s\x18\x06 \x01(\x01\x12\x14\n\x0c\x64\x61ta_plane_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x61ta_plane_bytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_batch\x18\t \x01(\r\x12\x14\n\x0cverify_batch\x18\n \x01(\r\x12\x13\n\x0b\x64raft_rpc_s\x18\x0b \x01(\x01\x12\x14\n\x0cverify_rpc_s\x18\x0c \x01(\x01\"4\n\tStepStats\x12\'\n\x05steps\x18\x01 \x03(\x0b\x32\x18.minedraft.v1.StepRecord2\xc5\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.minedraft.v1.GenerateRequest\x1a\x1e.minedraft.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.minedraft.v1.GenerateRequest\x1a$.minedraft.v1.GenerateStreamResponse0\x01\x12J\n\rGetServerInfo\x12\x1f.minedraft.v1.ServerInfoRequest\x1a\x18.minedraft.v1.ServerInfo\x12G\n\x0cGetStepStats\x12\x1e.minedraft.v1.StepStatsRequest\x1a\x17.minedraft.v1.StepStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dminedraft/v1/generation.proto\x12\x0cminedraft.v1\"\xae\x01\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x80\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xb1\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x1e\n\x16mean_acceptance_length\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\x12\x12\n\ndrafted_at\x18\x06 \x03(\r\x12\x13\n\x0b\x61\x63\x63\x65pted_at\x18\x07 \x03(\r\"\xa3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\xa9\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\x13\n\x11ServerInfoRequest\"\x8a\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\r\x12\x14\n\x0ctarget_model\x18\x04 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x14\n\x0cnum_drafters\x18\x07 \x01(\r\"%\n\x10StepStatsRequest\x12\x11\n\tmax_steps\x18\x01 \x01(\r\"\xff\x01\n\nStepRecord\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07start_s\x18\x03 \x01(\x01\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64raft_busy_s\x18\x05 \x01(\x01\x12\x15\n\rverify_busy_s\x18\x06 \x01(\x01\x12\x14\n\x0c\x64\x61ta_plane_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x61ta_plane_bytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_batch\x18\t \x01(\r\x12\x14\n\x0cverify_batch\x18\n \x01(\r\x12\x13\n\x0b\x64raft_rpc_s\x18\x0b \x01(\x01\x12\x14\n\x0cverify_rpc_s\x18\x0c \x01(\x01\"4\n\tStepStats\x12\'\n\x05steps\x18\x01 \x03(\x0b\x32\x18.minedraft.v1.StepRecord2\xc5\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.minedraft.v1.GenerateRequest\x1a\x1e.minedraft.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.minedraft.v1.GenerateRequest\x1a$.minedraft.v1.GenerateStreamResponse0\x01\x12J\n\rGetServerInfo\x12\x1f.minedraft.v1.ServerInfoRequest\x1a\x18.minedraft.v1.ServerInfo\x12G\n\x0cGetStepStats\x12\x1e.minedraft.v1.StepStatsRequest\x1a\x17.minedraft.v1.StepStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,21 +36,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GENERATEREQUEST']._serialized_start=225
   _globals['_GENERATEREQUEST']._serialized_end=353
   _globals['_ACCEPTANCESTATS']._serialized_start=356
-  _globals['_ACCEPTANCESTATS']._serialized_end=492
-  _globals['_GENERATERESPONSE']._serialized_start=495
-  _globals['_GENERATERESPONSE']._serialized_end=658
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=661
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=830
-  _globals['_SERVERINFOREQUEST']._serialized_start=832
-  _globals['_SERVERINFOREQUEST']._serialized_end=851
-  _globals['_SERVERINFO']._serialized_start=854
-  _globals['_SERVERINFO']._serialized_end=992
-  _globals['_STEPSTATSREQUEST']._serialized_start=994
-  _globals['_STEPSTATSREQUEST']._serialized_end=1031
-  _globals['_STEPRECORD']._serialized_start=1034
-  _globals['_STEPRECORD']._serialized_end=1289
-  _globals['_STEPSTATS']._serialized_start=1291
-  _globals['_STEPSTATS']._serialized_end=1343
-  _globals['_GENERATION']._serialized_start=1346
-  _globals['_GENERATION']._serialized_end=1671
+  _globals['_ACCEPTANCESTATS']._serialized_end=533
+  _globals['_GENERATERESPONSE']._serialized_start=536
+  _globals['_GENERATERESPONSE']._serialized_end=699
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=702
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=871
+  _globals['_SERVERINFOREQUEST']._serialized_start=873
+  _globals['_SERVERINFOREQUEST']._serialized_end=892
+  _globals['_SERVERINFO']._serialized_start=895
+  _globals['_SERVERINFO']._serialized_end=1033
+  _globals['_STEPSTATSREQUEST']._serialized_start=1035
+  _globals['_STEPSTATSREQUEST']._serialized_end=1072
+  _globals['_STEPRECORD']._serialized_start=1075
+  _globals['_STEPRECORD']._serialized_end=1330
+  _globals['_STEPSTATS']._serialized_start=1332
+  _globals['_STEPSTATS']._serialized_end=1384
+  _globals['_GENERATION']._serialized_start=1387
+  _globals['_GENERATION']._serialized_end=1712
 # @@protoc_insertion_point(module_scope)

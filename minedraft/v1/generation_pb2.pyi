@@ -39,18 +39,22 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompt: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingOptions, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
 
 class AcceptanceStats(_message.Message):
-    __slots__ = ("num_steps", "num_drafted", "num_accepted", "mean_acceptance_length", "acceptance_rate")
+    __slots__ = ("num_steps", "num_drafted", "num_accepted", "mean_acceptance_length", "acceptance_rate", "drafted_at", "accepted_at")
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTED_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MEAN_ACCEPTANCE_LENGTH_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_RATE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_AT_FIELD_NUMBER: _ClassVar[int]
     num_steps: int
     num_drafted: int
     num_accepted: int
     mean_acceptance_length: float
     acceptance_rate: float
-    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., mean_acceptance_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ...) -> None: ...
+    drafted_at: _containers.RepeatedScalarFieldContainer[int]
+    accepted_at: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_steps: _Optional[int] = ..., num_drafted: _Optional[int] = ..., num_accepted: _Optional[int] = ..., mean_acceptance_length: _Optional[float] = ..., acceptance_rate: _Optional[float] = ..., drafted_at: _Optional[_Iterable[int]] = ..., accepted_at: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("request_id", "text", "token_ids", "finish_reason", "stats", "prompt_tokens")
