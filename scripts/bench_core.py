@@ -14,6 +14,7 @@ import time
 import torch
 
 from minedraft import bundled
+from minedraft.bench.peers import load_peer, transformers_generate
 from minedraft.llm import LLM
 from minedraft.sampling_params import SamplingParams
 
@@ -25,23 +26,6 @@ def ours(llm: LLM, prompts: list[str], new_tokens: int, mode: str, k: int, batch
     return sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start)
 
 
-def transformers_generate(model, tokenizer, prompts: list[str], new_tokens: int, batch: int,
-                          assistant=None) -> float:
-    tokenizer.padding_side = "left"
-    produced = 0
-    start = time.perf_counter()
-    for i in range(0, len(prompts), batch):
-        enc = tokenizer(prompts[i:i + batch], return_tensors="pt", padding=True)
-        kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                      pad_token_id=tokenizer.pad_token_id)
-        if assistant is not None:
-            kwargs["assistant_model"] = assistant
-        with torch.no_grad():
-            out = model.generate(**enc, **kwargs)
-        produced += (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
-    return produced / (time.perf_counter() - start)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -51,24 +35,20 @@ def main() -> None:
     parser.add_argument("--json", help="also write the numbers to this file")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     prompts = bundled.load_prompts(args.num_prompts)
     llm = LLM(bundled.TARGET, bundled.DRAFT, dtype="float32")
-    tokenizer = AutoTokenizer.from_pretrained(bundled.TARGET)
-    target = AutoModelForCausalLM.from_pretrained(bundled.TARGET, dtype=torch.float32).eval()
-    draft = AutoModelForCausalLM.from_pretrained(bundled.DRAFT, dtype=torch.float32).eval()
+    tokenizer, target, draft = load_peer(bundled.TARGET, bundled.DRAFT)
     ours(llm, prompts[:2], 8, "sd", 2, 2)                                   # warm-up
-    transformers_generate(target, tokenizer, prompts[:2], 8, 2)
+    transformers_generate(tokenizer, target, prompts[:2], 8, 2)
 
     few = prompts[:max(2, args.num_prompts // 4)]      # batch-1 rows use fewer prompts
     rows = [
         ("ar, batch 1", ours(llm, few, args.new_tokens, "ar", 0, 1),
-         transformers_generate(target, tokenizer, few, args.new_tokens, 1), "generate"),
+         transformers_generate(tokenizer, target, few, args.new_tokens, 1), "generate"),
         ("ar, batch 16", ours(llm, prompts, args.new_tokens, "ar", 0, 16),
-         transformers_generate(target, tokenizer, prompts, args.new_tokens, 16), "generate"),
+         transformers_generate(tokenizer, target, prompts, args.new_tokens, 16), "generate"),
         (f"sd k={args.k}, batch 1", ours(llm, few, args.new_tokens, "sd", args.k, 1),
-         transformers_generate(target, tokenizer, few, args.new_tokens, 1, assistant=draft),
+         transformers_generate(tokenizer, target, few, args.new_tokens, 1, assistant=draft),
          "assisted generation"),
     ]
     print(f"bundled target, {args.threads} thread(s), greedy, {args.new_tokens} new tokens per prompt\n")

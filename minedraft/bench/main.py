@@ -54,6 +54,25 @@ def run_one(mode: str, k: int, concurrency: int, prompts: list[str], args) -> di
     return {"row": row, "steps": steps, "token_ids": [t.token_ids for t in timings]}
 
 
+def peer_rows(args, prompts: list[str], concurrency: int) -> list[dict]:
+    """transformers in this process on all cores: batched generate at batch C, and assisted
+    generation (speculative, batch 1 only) on the same prompts and output length."""
+    import os
+
+    import torch
+
+    from minedraft.bench.peers import load_peer, transformers_generate
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer, model, assistant = load_peer(args.target, args.draft)
+    rows = []
+    for mode, batch, helper in [("hf-generate", concurrency, None), ("hf-assisted", 1, assistant)]:
+        tps = transformers_generate(tokenizer, model, prompts, args.max_tokens, batch, helper)
+        rows.append({"mode": mode, "k": 0, "concurrency": concurrency if helper is None else 1,
+                     "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True})
+    return rows
+
+
 def environment() -> dict:
     import grpc
     import torch
@@ -75,6 +94,11 @@ def print_table(rows: list[dict], concurrency: int) -> None:
     print(f"{'mode':<13}{'k':>3}{'tok/s':>8}{'req/s':>7}{'p50 s':>7}{'p99 s':>7}{'TTFT':>7}{'TPOT ms':>8}"
           f"{'MAL':>6}{'gw%':>6}{'dp%':>6}{'ceil':>6}{'psd/sd':>7}{'eff':>6}  ==ar")
     for r in rows:
+        if r["mode"].startswith("hf-"):
+            if r["concurrency"] == concurrency or r["peer_batch"] == 1:
+                print(f"{r['mode']:<13}{'':>3}{r['output_tokens_per_s']:>8.1f}   (transformers, "
+                      f"batch {r['peer_batch']}, all cores, same prompts and length)")
+            continue
         if r["concurrency"] != concurrency:
             continue
         extra = (f"{r['ceiling']:>6.2f}{r['psd_over_sd']:>7.2f}{r['overlap_efficiency']:>6.2f}"
@@ -115,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
                                              if row["ceiling"] > 1 else float("nan"))
             rows.append(row)
             report["runs"].append({**row, "step_records": result["steps"]})
+        if args.peers:
+            rows += peer_rows(args, prompts, concurrency)
+            report["runs"] += [r for r in rows if r["concurrency"] == concurrency and r["mode"].startswith("hf-")]
         print_table(rows, concurrency)
         psd_runs = [r for (m, _), r in runs.items() if m == "psd"]
         if psd_runs:
@@ -146,6 +173,8 @@ def add_parser(sub) -> None:
     bench.add_argument("--all-cpus", default="0-1", help="cores shared by sd-colocated")
     bench.add_argument("--target", default=bundled.TARGET)
     bench.add_argument("--draft", default=bundled.DRAFT)
+    bench.add_argument("--peers", action="store_true",
+                       help="also run transformers generate (batch C) and assisted generation (batch 1)")
     bench.add_argument("--out", default="bench_out")
     bench.add_argument("--quick", action="store_true", help="C=8, k in {4, 6}, all modes: a few minutes")
     bench.set_defaults(func=run, ignore_eos=True)
