@@ -55,6 +55,10 @@ async def serve(args: argparse.Namespace) -> None:
     tokenizer = TextTokenizer(args.tokenizer or target_info.model)
     info = server_info(args.mode, config.k, args.max_batch, target_info.model,
                        draft_info.model if draft_info else "", 1 if draft_info else 0)
+    info.synthetic_acceptance = target_info.synthetic_acceptance
+    if target_info.synthetic_acceptance:
+        logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance %.2f): "
+                       "outputs are not the target model's", target_info.synthetic_acceptance)
     servicer = GenerationServicer(manager, tokenizer, target_info.vocab_size,
                                   tuple(target_info.eos_token_ids), target_info.max_model_len, info)
     server, port = await start_server(

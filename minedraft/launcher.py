@@ -39,6 +39,7 @@ class ServeConfig:
     num_blocks: int = 4096
     log_level: str = "WARNING"
     startup_timeout_s: float = 300.0
+    synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -71,7 +72,9 @@ class Cluster:
         self._spawn("verifier", py + ["verifier_svc", "--model", cfg.target, "--port", str(verifier_port),
                                       "--device", cfg.target_device, "--threads", str(cfg.target_threads),
                                       "--cpus", cfg.target_cpus, "--data-plane", plane,
-                                      "--data-plane-port", str(free_port(cfg.host))] + common)
+                                      "--data-plane-port", str(free_port(cfg.host))] + common
+                    + ([] if cfg.synthetic_acceptance is None else
+                       ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
         if cfg.mode != "ar":
             self._spawn("drafter", py + ["drafter_svc", "--model", cfg.draft, "--port", str(drafter_port),
                                          "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),

@@ -114,11 +114,13 @@ async def wait_healthy(address: str, timeout_s: float) -> None:
             await asyncio.sleep(0.2)
 
 
-def engine_info(runner, model_name: str, data_plane: str, data_plane_address: str = "") -> engine_pb2.EngineInfo:
+def engine_info(runner, model_name: str, data_plane: str, data_plane_address: str = "",
+                synthetic_acceptance: float | None = None) -> engine_pb2.EngineInfo:
     """GetInfo answer of a drafter or verifier: what the gateway sizes its admission by."""
     cfg = runner.model_config
     return engine_pb2.EngineInfo(
         model=model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
         max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
         block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
-        dtype=runner.config.dtype, data_plane=data_plane, data_plane_address=data_plane_address)
+        dtype=runner.config.dtype, data_plane=data_plane, data_plane_address=data_plane_address,
+        synthetic_acceptance=synthetic_acceptance or 0.0)

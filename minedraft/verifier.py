@@ -17,6 +17,15 @@ from minedraft.sampling import VERIFY_STREAM, processed_probs, request_noise
 
 
 class Verifier(RequestTable):
+    def __init__(self, runner, synthetic_acceptance: float | None = None) -> None:
+        """synthetic_acceptance: FOR BENCHMARKS ONLY. Accept each draft token with this
+        probability whatever the models say (output is then not the target's), so step
+        timings can be studied on random-weight models of real sizes."""
+        super().__init__(runner)
+        if synthetic_acceptance is not None and not 0.0 <= synthetic_acceptance <= 1.0:
+            raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance}")
+        self.synthetic_acceptance = synthetic_acceptance
+
     def token_ids(self, request_id: str) -> list[int]:
         return self._requests[request_id].token_ids
 
@@ -43,17 +52,32 @@ class Verifier(RequestTable):
             draft_probs = None
         new_tokens = rejection_sample(draft_token_ids, ks, draft_probs, target_probs, is_greedy,
                                       uniform, exponential)
+        if self.synthetic_acceptance is not None:
+            new_tokens = self._synthetic(requests, states, target_probs, uniform)
         for (rid, _), state, tokens in zip(requests, states, new_tokens):
             state.token_ids.extend(tokens)
             self.runner.reconcile(rid, state.token_ids)
         return new_tokens
 
-    @staticmethod
-    def _noise(states: list[RequestState], ks: list[int], logits: torch.Tensor):
+    def _synthetic(self, requests, states, target_probs: torch.Tensor, uniform: torch.Tensor) -> list[list[int]]:
+        """Benchmark mode: accept each draft with probability synthetic_acceptance, then emit
+        the target's most likely token at the first rejected (or bonus) position."""
+        argmax = target_probs.argmax(dim=-1).tolist()
+        draws = uniform.tolist()
+        out, row = [], 0
+        for (_, drafts), state in zip(requests, states):
+            accepted = 0
+            while accepted < len(drafts) and draws[row + accepted] <= self.synthetic_acceptance:
+                accepted += 1
+            out.append(list(drafts[:accepted]) + [argmax[row + accepted]])
+            row += len(drafts) + 1
+        return out
+
+    def _noise(self, states: list[RequestState], ks: list[int], logits: torch.Tensor):
         """Noise keyed by (seed, position of the token decided): batching-independent."""
         rows = sum(k + 1 for k in ks)
         vocab = logits.shape[-1]
-        if all(s.params.is_greedy for s in states):
+        if all(s.params.is_greedy for s in states) and self.synthetic_acceptance is None:
             return (torch.ones(rows, device=logits.device),
                     torch.ones(rows, vocab, device=logits.device))
         positions = [list(range(len(s.token_ids), len(s.token_ids) + k + 1)) for s, k in zip(states, ks)]

@@ -115,3 +115,24 @@ def test_bad_arguments(llm):
         llm.generate([[]])
     with pytest.raises(ValueError, match="needs a draft"):
         LLM(TARGET).generate(["x"], mode="sd")
+
+
+def test_synthetic_acceptance_is_benchmark_only(llm, prompts):
+    from minedraft.verifier import Verifier
+
+    runner = llm.verifier.runner
+    for p, expect_all in [(1.0, True), (0.0, False)]:
+        verifier = Verifier(runner, synthetic_acceptance=p)
+        ids = llm.tokenizer.encode(prompts[0])
+        verifier.add_request("syn", ids, SamplingParams(), seed=1)
+        drafts = [7, 8, 9, 10]                       # nonsense drafts: only synthetic mode accepts them
+        out = verifier.verify([("syn", drafts)])[0]
+        assert out[:-1] == (drafts if expect_all else [])
+        verifier.remove_request("syn")
+    with pytest.raises(ValueError, match="synthetic_acceptance"):
+        Verifier(runner, synthetic_acceptance=1.5)
+    from verifier_svc.main import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--synthetic-acceptance", "0.8"])           # refused without --benchmark-only
+    assert parse_args(["--synthetic-acceptance", "0.8", "--benchmark-only"]).synthetic_acceptance == 0.8

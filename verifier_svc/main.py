@@ -29,14 +29,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="how drafts arrive: a torch.distributed pair group, or gRPC in-band")
     parser.add_argument("--data-plane-port", type=int, default=0,
                         help="rendezvous port of the pair group (required for gloo/nccl)")
-    return parser.parse_args(argv)
+    parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.synthetic_acceptance is not None and not args.benchmark_only:
+        parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
+                     "it needs --benchmark-only")
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     from minedraft.data_plane import DistributedDraftReceiver, InBandDraftReceiver
 
     place_process(args.cpus)
-    verifier = Verifier(ModelRunner(runner_config(args)))
+    verifier = Verifier(ModelRunner(runner_config(args)), synthetic_acceptance=args.synthetic_acceptance)
+    if args.synthetic_acceptance is not None:
+        logger.warning("BENCHMARK MODE: drafts are accepted with probability %.2f whatever the "
+                       "models say; outputs are not the target model's", args.synthetic_acceptance)
     receiver = None
     address = ""
     if args.data_plane == "inband":

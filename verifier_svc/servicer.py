@@ -96,4 +96,5 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         return engine_pb2.PutDraftsResponse()
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
-        return engine_info(self.verifier.runner, self.model_name, self.data_plane, self.data_plane_address)
+        return engine_info(self.verifier.runner, self.model_name, self.data_plane, self.data_plane_address,
+                           self.verifier.synthetic_acceptance)

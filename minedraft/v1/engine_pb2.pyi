@@ -134,7 +134,7 @@ class EngineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address", "synthetic_acceptance")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +145,7 @@ class EngineInfo(_message.Message):
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -155,4 +156,5 @@ class EngineInfo(_message.Message):
     dtype: str
     data_plane: str
     data_plane_address: str
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ...) -> None: ...
+    synthetic_acceptance: float
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ...) -> None: ...

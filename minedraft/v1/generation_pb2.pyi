@@ -93,7 +93,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters")
+    __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,7 @@ class ServerInfo(_message.Message):
     DRAFT_MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTERS_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     version: str
     mode: str
     k: int
@@ -108,7 +109,8 @@ class ServerInfo(_message.Message):
     draft_model: str
     max_batch: int
     num_drafters: int
-    def __init__(self, version: _Optional[str] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., max_batch: _Optional[int] = ..., num_drafters: _Optional[int] = ...) -> None: ...
+    synthetic_acceptance: float
+    def __init__(self, version: _Optional[str] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., max_batch: _Optional[int] = ..., num_drafters: _Optional[int] = ..., synthetic_acceptance: _Optional[float] = ...) -> None: ...
 
 class StepStatsRequest(_message.Message):
     __slots__ = ("max_steps",)
