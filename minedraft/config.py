@@ -118,6 +118,7 @@ class RunnerConfig:
     num_blocks: int = 1024
     num_threads: int = 0          # 0 = leave torch's default
     attention_backend: str = "sdpa"
+    random_weights: bool = False  # benchmarks: read config.json only, draw weights at random
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

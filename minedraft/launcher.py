@@ -40,6 +40,7 @@ class ServeConfig:
     log_level: str = "WARNING"
     startup_timeout_s: float = 300.0
     synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
+    random_weights: bool = False                # benchmarks only: config.json shapes, random weights
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -68,7 +69,7 @@ class Cluster:
         self.drafter_address = f"{cfg.host}:{drafter_port}" if cfg.mode != "ar" else None
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
         common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
-                  "--log-level", cfg.log_level]
+                  "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
         self._spawn("verifier", py + ["verifier_svc", "--model", cfg.target, "--port", str(verifier_port),
                                       "--device", cfg.target_device, "--threads", str(cfg.target_threads),
                                       "--cpus", cfg.target_cpus, "--data-plane", plane,

@@ -34,7 +34,7 @@ class ModelRunner:
                              f"got {config.attention_backend!r}")
         self.config = config
         self.device = torch.device(config.device)
-        self.model = load_model(config.model_path, config.torch_dtype, self.device)
+        self.model = load_model(config.model_path, config.torch_dtype, self.device, config.random_weights)
         self.model_config: ModelConfig = self.model.cfg
         self.attention = ATTENTION_BACKENDS[config.attention_backend]
         self.blocks = BlockManager(config.num_blocks, config.block_size)

@@ -28,12 +28,13 @@ def add_runner_args(parser: argparse.ArgumentParser, default_model: str) -> None
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)
 
 
 def runner_config(args: argparse.Namespace) -> RunnerConfig:
     return RunnerConfig(model_path=args.model, dtype=args.dtype, device=args.device,
                         block_size=args.block_size, num_blocks=args.num_blocks,
-                        num_threads=args.threads)
+                        num_threads=args.threads, random_weights=args.random_weights)
 
 
 def parse_cpus(spec: str) -> set[int]:

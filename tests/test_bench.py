@@ -76,3 +76,21 @@ def test_bench_cli_tiny_run(tmp_path):
     assert report["environment"]["torch"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png",
                                                         "timeline_psd_k2_c2.png"}
+
+
+def test_gpu_script_dry_run_on_cpu(tmp_path):
+    """The GPU check's whole path (configs, data plane, random weights, synthetic acceptance)."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gpu"
+    proc = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu"],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "bit-exact=True" in (out / "data_plane.txt").read_text()
+    report = json.loads((out / "bench.json").read_text())
+    assert {r["mode"] for r in report["runs"]} == {"ar", "sd", "psd"}
+    assert report["config"]["synthetic_acceptance"] == 0.8 and report["config"]["random_weights"]
+    psd = next(r for r in report["runs"] if r["mode"] == "psd")
+    assert psd["mean_acceptance_length"] > 1.5        # synthetic acceptance works on random weights

@@ -28,7 +28,9 @@ MODES = ("ar", "sd", "sd-colocated", "psd")
 
 def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) -> ServeConfig:
     base = dict(k=k, port=0, data_plane=args.data_plane, target=args.target, draft=args.draft,
-                synthetic_acceptance=args.synthetic_acceptance)
+                synthetic_acceptance=args.synthetic_acceptance, random_weights=args.random_weights,
+                dtype=args.dtype, target_device=args.target_device, draft_device=args.draft_device,
+                num_blocks=args.num_blocks)
     if mode == "psd":
         return ServeConfig(mode="psd", max_batch=max(1, concurrency // 2), **base)
     if mode == "sd-colocated":
@@ -179,6 +181,12 @@ def add_parser(sub) -> None:
     bench.add_argument("--synthetic-acceptance", type=float, default=None,
                        help="benchmark mode: the verifier accepts each draft with this probability "
                             "whatever the models say (outputs are then not the target's)")
+    bench.add_argument("--random-weights", action="store_true",
+                       help="read only config.json of --target/--draft and draw random weights (timing only)")
+    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--target-device", default="cpu")
+    bench.add_argument("--draft-device", default="cpu")
+    bench.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
     bench.add_argument("--peers", action="store_true",
                        help="also run transformers generate (batch C) and assisted generation (batch 1)")
     bench.add_argument("--out", default="bench_out")

@@ -21,7 +21,10 @@ _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _IGNORED = ("rotary_emb.inv_freq",)
 
 
-def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device) -> CausalLM:
+def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device,
+               random_weights: bool = False) -> CausalLM:
+    """random_weights: only config.json is read and the weights are drawn on the device, so
+    real-size models can be timed where their checkpoints cannot be downloaded."""
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
     with torch.device("meta"):
@@ -30,6 +33,16 @@ def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device)
     model.tie_weights()
     model.rotary.cos_sin = torch.empty(cfg.max_position, 2, cfg.head_dim, device=device)
     model.rotary.compute_tables()
+    if random_weights:
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.endswith("bias"):
+                    param.zero_()
+                else:
+                    param.normal_(0.0, 0.02)
+        return model.eval()
 
     files = sorted(path.glob("*.safetensors"))
     if not files:
