@@ -94,3 +94,19 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     assert report["config"]["synthetic_acceptance"] == 0.8 and report["config"]["random_weights"]
     psd = next(r for r in report["runs"] if r["mode"] == "psd")
     assert psd["mean_acceptance_length"] > 1.5        # synthetic acceptance works on random weights
+
+
+def test_bench_against_running_server_and_unequal_label(tmp_path):
+    from minedraft.cli import main
+    from minedraft.launcher import Cluster, ServeConfig
+
+    with Cluster(ServeConfig(mode="psd", k=3, max_batch=2, port=0)) as cluster:
+        assert main(["bench", "--server", cluster.address, "--concurrency", "2", "--num-prompts", "4",
+                     "--max-tokens", "8", "--out", str(tmp_path / "server")]) == 0
+    runs = json.loads((tmp_path / "server" / "bench.json").read_text())["runs"]
+    assert [(r["mode"], r["k"]) for r in runs] == [("psd", 3)] and runs[0]["output_tokens"] == 32
+    assert main(["bench", "--modes", "sd", "psd", "--k", "2", "--concurrency", "2", "--num-prompts", "2",
+                 "--max-tokens", "4", "--unequal", "--out", str(tmp_path / "unequal")]) == 0
+    rows = json.loads((tmp_path / "unequal" / "bench.json").read_text())["runs"]
+    unequal = next(r for r in rows if r["mode"] == "psd-2xC")
+    assert unequal["concurrency"] == 4 and "UNEQUAL" in unequal["label"]

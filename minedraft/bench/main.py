@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import platform
 import subprocess
@@ -42,19 +43,34 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
     return ServeConfig(mode=mode, max_batch=concurrency, **base)
 
 
-def run_one(mode: str, k: int, concurrency: int, prompts: list[str], args) -> dict:
+def measure(address: str, mode: str, k: int, concurrency: int, prompts: list[str], args) -> dict:
+    """Drive the workload through a running gateway and collect its step records."""
     label = f"{mode} k={k} C={concurrency}"
-    with Cluster(serve_config(mode, k, concurrency, args)) as cluster:
-        with Client(cluster.address, timeout=600) as client:
-            client.generate(prompts[0], max_tokens=4)                      # warm-up
-            skip = len(client.step_stats())
-        timings, wall = asyncio.run(run_workload(
-            cluster.address, prompts, args.max_tokens, args.ignore_eos, concurrency, args.request_rate, label))
-        with Client(cluster.address, timeout=600) as client:
-            steps = client.step_stats()[skip:]
+    with Client(address, timeout=600) as client:
+        client.generate(prompts[0], max_tokens=4)                          # warm-up
+        skip = len(client.step_stats())
+    timings, wall = asyncio.run(run_workload(
+        address, prompts, args.max_tokens, args.ignore_eos, concurrency, args.request_rate, label))
+    with Client(address, timeout=600) as client:
+        steps = client.step_stats()[skip:]
     row = {"mode": mode, "k": k, "concurrency": concurrency, **request_metrics(timings, wall),
            **step_metrics(steps)}
     return {"row": row, "steps": steps, "token_ids": [t.token_ids for t in timings]}
+
+
+def run_one(mode: str, k: int, concurrency: int, prompts: list[str], args) -> dict:
+    with Cluster(serve_config(mode, k, concurrency, args)) as cluster:
+        return measure(cluster.address, mode, k, concurrency, prompts, args)
+
+
+def run_unequal(k: int, concurrency: int, prompts: list[str], args) -> dict:
+    """psd holding 2C requests (two batches of C) against sd's C: flatters psd whenever
+    batching is cheap, so it is printed only on request and labelled."""
+    config = dataclasses.replace(serve_config("psd", k, concurrency, args), max_batch=concurrency)
+    with Cluster(config) as cluster:
+        result = measure(cluster.address, "psd-2xC", k, 2 * concurrency, prompts, args)
+    result["row"]["label"] = f"UNEQUAL: psd holds {2 * concurrency} requests, sd {concurrency}"
+    return result
 
 
 def peer_rows(args, prompts: list[str], concurrency: int) -> list[dict]:
@@ -102,6 +118,10 @@ def print_table(rows: list[dict], concurrency: int) -> None:
                 print(f"{r['mode']:<13}{'':>3}{r['output_tokens_per_s']:>8.1f}   (transformers, "
                       f"batch {r['peer_batch']}, all cores, same prompts and length)")
             continue
+        if r["mode"] == "psd-2xC":
+            if r["concurrency"] == 2 * concurrency:
+                print(f"{r['mode']:<13}{r['k']:>3}{r['output_tokens_per_s']:>8.1f}   ({r['label']})")
+            continue
         if r["concurrency"] != concurrency:
             continue
         extra = (f"{r['ceiling']:>6.2f}{r['psd_over_sd']:>7.2f}{r['overlap_efficiency']:>6.2f}"
@@ -126,14 +146,23 @@ def run(args: argparse.Namespace) -> int:
     for concurrency in args.concurrency:
         prompts = load_prompts(args.dataset, args.num_prompts or 2 * concurrency)
         runs = {}
-        for mode in args.modes:
+        if args.server:
+            with Client(args.server, timeout=60) as client:
+                info = client.server_info()
+            runs[(info["mode"], info["k"])] = measure(args.server, info["mode"], info["k"], concurrency,
+                                                      prompts, args)
+        for mode in ([] if args.server else args.modes):
             for k in ([0] if mode == "ar" else args.k):
                 runs[(mode, k)] = run_one(mode, k, concurrency, prompts, args)
+        if args.unequal and "psd" in args.modes and not args.server:
+            more = load_prompts(args.dataset, 2 * (args.num_prompts or 2 * concurrency))
+            for k in args.k:
+                runs[("psd-2xC", k)] = run_unequal(k, concurrency, more, args)
         reference = runs[("ar", 0)]["token_ids"] if ("ar", 0) in runs else None
         for (mode, k), result in runs.items():
             row = result["row"]
             # Synthetic acceptance changes outputs by design: there is nothing to compare.
-            row["same_as_ar"] = (None if args.synthetic_acceptance is not None
+            row["same_as_ar"] = (None if args.synthetic_acceptance is not None or mode == "psd-2xC"
                                  else reference is None or result["token_ids"] == reference)
             if mode == "psd" and ("sd", k) in runs:
                 sd = runs[("sd", k)]
@@ -187,6 +216,10 @@ def add_parser(sub) -> None:
     bench.add_argument("--target-device", default="cpu")
     bench.add_argument("--draft-device", default="cpu")
     bench.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
+    bench.add_argument("--server", default=None,
+                       help="measure an already running gateway (its own mode and k) instead of starting services")
+    bench.add_argument("--unequal", action="store_true",
+                       help="also run psd holding 2C requests (labelled: not an equal-concurrency comparison)")
     bench.add_argument("--peers", action="store_true",
                        help="also run transformers generate (batch C) and assisted generation (batch 1)")
     bench.add_argument("--out", default="bench_out")

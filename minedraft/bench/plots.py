@@ -16,7 +16,7 @@ def _pyplot():
 
 def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
     plt = _pyplot()
-    rows = [r for r in rows if not r["mode"].startswith("hf-")]
+    rows = [r for r in rows if not r["mode"].startswith("hf-") and r["mode"] != "psd-2xC"]
     written = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
         fig, (ax_tps, ax_p99) = plt.subplots(1, 2, figsize=(10, 4))
@@ -43,7 +43,7 @@ def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
 
 def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
     plt = _pyplot()
-    rows = [r for r in rows if not r["mode"].startswith("hf-")]
+    rows = [r for r in rows if not r["mode"].startswith("hf-") and r["mode"] != "psd-2xC"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode in sorted({r["mode"] for r in rows}):
         best = {}
