@@ -11,7 +11,7 @@ DEVICE=${3:-cuda}
 [[ "${2:-}" == "--device" ]] || DEVICE=cuda
 cd "$(dirname "$0")/.."
 mkdir -p "$OUT"
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}   # the interpreter that has the project installed
 MODELS=$(mktemp -d)
 
 if [[ "$DEVICE" == "cuda" ]]; then

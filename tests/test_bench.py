@@ -85,8 +85,12 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "gpu"
+    import os
+    import sys
+
     proc = subprocess.run(["bash", str(root / "scripts" / "gpu_check.sh"), str(out), "--device", "cpu"],
-                          capture_output=True, text=True, timeout=600, cwd=root)
+                          capture_output=True, text=True, timeout=600, cwd=root,
+                          env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "bit-exact=True" in (out / "data_plane.txt").read_text()
     report = json.loads((out / "bench.json").read_text())
