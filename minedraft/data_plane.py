@@ -110,8 +110,22 @@ def step_tags(step_id: int) -> tuple[int, int]:
     Gloo matches on tags; NCCL ignores them and matches in issue order, which the drafter and
     verifier keep identical because both walk the steps in order.
     """
-    base = (2 * step_id) % _TAG_SPACE   # even, so base + 1 stays inside the tag space
+    base = (2 * step_id) % (_TAG_SPACE - 2)   # even; base + 1 stays below HEADER_TAG
     return base, base + 1
+
+
+HEADER_TAG = _TAG_SPACE - 1          # every payload is announced by a header on this tag
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+_CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
+
+
+def _header(payload: DraftPayload) -> torch.Tensor:
+    """[step_id, num_tokens, has_probs, vocab, dtype code]: lets the verifier receive a
+    payload before its control message arrives."""
+    probs = payload.probs
+    return torch.tensor([payload.step_id, payload.num_tokens, probs is not None,
+                         0 if probs is None else probs.shape[1],
+                         0 if probs is None else _DTYPE_CODES[probs.dtype]], dtype=torch.int64)
 
 
 def empty_payload(step_id: int, with_probs: bool, vocab_size: int, dtype: torch.dtype,
@@ -185,7 +199,7 @@ class DistributedDraftSender(_DistributedEnd):
             return
         start = time.perf_counter()
         tokens_tag, probs_tag = step_tags(payload.step_id)
-        tensors = [(payload.token_ids, tokens_tag, "draft tokens")]
+        tensors = [(_header(payload), HEADER_TAG, "header"), (payload.token_ids, tokens_tag, "draft tokens")]
         if payload.probs is not None:
             tensors.append((payload.probs, probs_tag, "draft probs"))
         for tensor, tag, what in tensors:
@@ -196,31 +210,82 @@ class DistributedDraftSender(_DistributedEnd):
 
 
 class DistributedDraftReceiver(_DistributedEnd):
-    """Verifier end (rank 0, hosts the store). Tensors arrive on `device`."""
+    """Verifier end (rank 0, hosts the store). Tensors arrive on `device`.
+
+    With gloo a thread keeps a receive posted at all times: gloo completes a send only when
+    the matching receive exists, so without it the drafter's send (and the transfer) would
+    wait until the verifier asks for that step. Payloads wait here, keyed by step id. With
+    NCCL, which matches in issue order on the device, `recv` receives in the caller.
+    """
 
     def __init__(self, host: str, port: int, backend: str = "gloo",
                  device: torch.device | str = "cpu", connect_timeout_s: float = 60.0) -> None:
         super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s)
+        self._ready: dict[int, DraftPayload] = {}
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = None
+        if backend == "gloo":
+            self._thread = threading.Thread(target=self._receive_forever, name="draft-recv", daemon=True)
+            self._thread.start()
+
+    def _receive_one(self, timeout: timedelta) -> DraftPayload:
+        header = torch.empty(5, dtype=torch.int64)
+        header_on_device = header.to(self.device)
+        _wait(self._group.recv([header_on_device], DRAFTER_RANK, HEADER_TAG), timeout, -1, "receiving a header")
+        step_id, num_tokens, has_probs, vocab, dtype_code = header_on_device.tolist()
+        tokens_tag, probs_tag = step_tags(step_id)
+        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
+        _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id, "receiving draft tokens")
+        probs = None
+        if has_probs:
+            probs = torch.empty(num_tokens, vocab, dtype=_CODE_DTYPES[dtype_code], device=self.device)
+            _wait(self._group.recv([probs], DRAFTER_RANK, probs_tag), timeout, step_id, "receiving draft probs")
+        return DraftPayload(step_id, token_ids, probs)
+
+    def _receive_forever(self) -> None:
+        while not self._closed:
+            try:
+                payload = self._receive_one(timedelta(days=365))
+            except BaseException as err:                      # closed, or the peer went away
+                with self._cond:
+                    self._error = None if self._closed else err
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._ready[payload.step_id] = payload
+                self._cond.notify_all()
 
     def recv(self, step_id: int, num_tokens: int, with_probs: bool, vocab_size: int,
              dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
-        payload = empty_payload(step_id, with_probs, vocab_size, dtype, self.device)
         if num_tokens == 0:
-            return payload
+            return empty_payload(step_id, with_probs, vocab_size, dtype, self.device)
         start = time.perf_counter()
-        timeout = timedelta(seconds=timeout_s)
-        tokens_tag, probs_tag = step_tags(step_id)
-        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
-        _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id,
-              "receiving draft tokens")
-        probs = None
-        if with_probs:
-            probs = torch.empty(num_tokens, vocab_size, dtype=dtype, device=self.device)
-            _wait(self._group.recv([probs], DRAFTER_RANK, probs_tag), timeout, step_id,
-                  "receiving draft probs")
-        payload = DraftPayload(step_id, token_ids, probs)
+        if self._thread is None:
+            payload = self._receive_one(timedelta(seconds=timeout_s))
+        else:
+            with self._cond:
+                arrived = self._cond.wait_for(lambda: step_id in self._ready or self._error is not None,
+                                              timeout_s)
+                if self._error is not None:
+                    raise RuntimeError(f"data plane: receiving failed before step {step_id}") from self._error
+                if not arrived:
+                    raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
+                payload = self._ready.pop(step_id)
+        expected = (step_id, num_tokens, vocab_size if with_probs else None, dtype if with_probs else None)
+        got = (payload.step_id, payload.num_tokens,
+               None if payload.probs is None else payload.probs.shape[1],
+               None if payload.probs is None else payload.probs.dtype)
+        if got != expected:
+            raise ValueError(f"data plane: step {step_id} expected (step, tokens, vocab, dtype) "
+                             f"{expected}, received {got}")
         self._record(payload.nbytes, time.perf_counter() - start)
         return payload
+
+    def close(self) -> None:
+        self._closed = True
+        super().close()
 
 
 def connect_pair(role: str, host: str, port: int, backend: str = "gloo",

@@ -110,11 +110,15 @@ class Cluster:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        for proc in self.procs.values():
+        """Front to back: the gateway first (no new steps), then the drafter, then the
+        verifier, whose data-plane receive is still posted until its peer has gone."""
+        deadline = time.monotonic() + timeout_s
+        for name in ("gateway", "drafter", "verifier"):
+            proc = self.procs.get(name)
+            if proc is None:
+                continue
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        for proc in self.procs.values():
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:

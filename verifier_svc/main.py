@@ -71,6 +71,8 @@ async def serve(args: argparse.Namespace) -> None:
         await server.wait_for_termination()
     finally:
         await server.stop(grace=1.0)
+        if servicer.receiver is not None:
+            servicer.receiver.close()
 
 
 def main(argv: list[str] | None = None) -> None:
