@@ -125,7 +125,7 @@ def write_model_card(out: Path, report: dict) -> None:
         objective = m.get("objective", "next-token cross-entropy")
         lines.append(f"| {name} | {shape} | {m['params'] / 1e6:.2f}M | {m['steps']} | {objective} | "
                      f"{m['held_out_loss']:.3f} |")
-    lines += [f"", f"Training took {training['total_minutes']} minutes in all on this 2-core machine.", "",
+    lines += ["", f"Training took {training['total_minutes']} minutes in all on this 2-core machine.", "",
               "## Acceptance (greedy, held-out prompts, batch 8)", "",
               "Mean acceptance length includes the bonus token.", "",
               "| k | acceptance rate | mean acceptance length |", "|---|---|---|"]

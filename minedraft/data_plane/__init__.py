@@ -1,0 +1,24 @@
+"""The data plane: moves one drafter step's draft tokens (and probabilities) to the verifier.
+
+Control messages (small, over gRPC) tell the verifier how many drafts a step carries, whether
+probabilities come with them, the vocabulary size and the dtype, and it checks what arrives
+against them. Two transports share one interface (`payload.py`):
+
+- `distributed.py`: torch.distributed point-to-point on a two-rank process group built from
+  its own `TCPStore`, never the global default group, so one verifier process can pair with
+  several drafters (one rendezvous port each). Gloo on CPU, NCCL on GPU. The verifier is rank
+  0 and hosts the store; the drafter is rank 1. A small header announces each payload, so the
+  verifier can receive it before its control message arrives.
+- `inband.py`: the fallback when no process group can be formed; payloads ride a gRPC call
+  (`PutDrafts`) that the services make. No gRPC or protobuf here: `encode_payload` /
+  `decode_payload` convert to and from the message's fields.
+"""
+
+from minedraft.data_plane.distributed import DistributedDraftReceiver, DistributedDraftSender, connect_pair
+from minedraft.data_plane.inband import InBandDraftReceiver, InBandDraftSender, decode_payload, encode_payload
+from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_TAG, VERIFIER_RANK, DraftPayload, DraftReceiver,
+                                          DraftSender, empty_payload, step_tags)
+
+__all__ = ["DRAFTER_RANK", "HEADER_TAG", "VERIFIER_RANK", "DistributedDraftReceiver", "DistributedDraftSender",
+           "DraftPayload", "DraftReceiver", "DraftSender", "InBandDraftReceiver", "InBandDraftSender",
+           "connect_pair", "decode_payload", "empty_payload", "encode_payload", "step_tags"]

@@ -1,0 +1,175 @@
+"""torch.distributed transport: gloo on CPU, NCCL on GPU, one private pair group each."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_TAG, VERIFIER_RANK, DraftPayload,
+                                          _header, _TransferMeter, empty_payload, step_tags)
+
+
+def _form_pair_group(host: str, port: int, rank: int, backend: str, device: torch.device,
+                     timeout: timedelta) -> tuple[dist.TCPStore, dist.Backend]:
+    """A private two-rank group: its own store, constructed directly, no default group."""
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"data-plane backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"backend 'nccl' needs a cuda device, got {device}")
+    store = dist.TCPStore(host, port, world_size=2, is_master=(rank == VERIFIER_RANK),
+                          timeout=timeout)
+    if backend == "gloo":
+        return store, dist.ProcessGroupGloo(store, rank, 2, timeout)
+    if not hasattr(dist, "ProcessGroupNCCL"):
+        raise RuntimeError("backend 'nccl' requested but this torch build has no NCCL")
+    torch.cuda.set_device(device)       # NCCL binds its communicator to the current device
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = timeout
+    return store, dist.ProcessGroupNCCL(store, rank, 2, options)
+
+
+def _wait(work: dist.Work, timeout: timedelta, step_id: int, what: str) -> None:
+    try:
+        work.wait(timeout)
+    except RuntimeError as err:
+        if "timed out" in str(err).lower() or "timeout" in str(err).lower():
+            raise TimeoutError(f"data plane: {what} for step {step_id} timed out after "
+                               f"{timeout.total_seconds():.1f}s; the pair is now unusable, "
+                               f"close it and reconnect") from err
+        raise
+
+
+class _DistributedEnd(_TransferMeter):
+    def __init__(self, host: str, port: int, rank: int, backend: str,
+                 device: torch.device | str, connect_timeout_s: float) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+        self.backend = backend
+        self._store, self._group = _form_pair_group(
+            host, port, rank, backend, self.device, timedelta(seconds=connect_timeout_s))
+
+    def close(self) -> None:
+        """Release the communicator; the store goes with this object."""
+        self._group.shutdown()
+
+
+class DistributedDraftSender(_DistributedEnd):
+    """Drafter end (rank 1). `send` returns once the verifier has taken the tensors.
+
+    Gloo holds a send until the matching recv is posted, so `last_seconds` includes any time
+    spent waiting for the verifier, not only wire time.
+    """
+
+    def __init__(self, host: str, port: int, backend: str = "gloo",
+                 device: torch.device | str = "cpu", connect_timeout_s: float = 60.0,
+                 send_timeout_s: float = 60.0) -> None:
+        super().__init__(host, port, DRAFTER_RANK, backend, device, connect_timeout_s)
+        self._send_timeout = timedelta(seconds=send_timeout_s)
+
+    def send(self, payload: DraftPayload) -> None:
+        if payload.num_tokens == 0:
+            return
+        start = time.perf_counter()
+        tokens_tag, probs_tag = step_tags(payload.step_id)
+        tensors = [(_header(payload), HEADER_TAG, "header"), (payload.token_ids, tokens_tag, "draft tokens")]
+        if payload.probs is not None:
+            tensors.append((payload.probs, probs_tag, "draft probs"))
+        for tensor, tag, what in tensors:
+            on_device = tensor.to(self.device).contiguous()
+            work = self._group.send([on_device], VERIFIER_RANK, tag)
+            _wait(work, self._send_timeout, payload.step_id, f"sending {what}")
+        self._record(payload.nbytes, time.perf_counter() - start)
+
+
+class DistributedDraftReceiver(_DistributedEnd):
+    """Verifier end (rank 0, hosts the store). Tensors arrive on `device`.
+
+    With gloo a thread keeps a receive posted at all times: gloo completes a send only when
+    the matching receive exists, so without it the drafter's send (and the transfer) would
+    wait until the verifier asks for that step. Payloads wait here, keyed by step id. With
+    NCCL, which matches in issue order on the device, `recv` receives in the caller.
+    """
+
+    def __init__(self, host: str, port: int, backend: str = "gloo",
+                 device: torch.device | str = "cpu", connect_timeout_s: float = 60.0) -> None:
+        super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s)
+        self._ready: dict[int, DraftPayload] = {}
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = None
+        if backend == "gloo":
+            self._thread = threading.Thread(target=self._receive_forever, name="draft-recv", daemon=True)
+            self._thread.start()
+
+    def _receive_one(self, timeout: timedelta) -> DraftPayload:
+        header = torch.empty(5, dtype=torch.int64)
+        header_on_device = header.to(self.device)
+        _wait(self._group.recv([header_on_device], DRAFTER_RANK, HEADER_TAG), timeout, -1, "receiving a header")
+        step_id, num_tokens, has_probs, vocab, dtype_code = header_on_device.tolist()
+        tokens_tag, probs_tag = step_tags(step_id)
+        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
+        _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id, "receiving draft tokens")
+        probs = None
+        if has_probs:
+            probs = torch.empty(num_tokens, vocab, dtype=_CODE_DTYPES[dtype_code], device=self.device)
+            _wait(self._group.recv([probs], DRAFTER_RANK, probs_tag), timeout, step_id, "receiving draft probs")
+        return DraftPayload(step_id, token_ids, probs)
+
+    def _receive_forever(self) -> None:
+        while not self._closed:
+            try:
+                payload = self._receive_one(timedelta(days=365))
+            except BaseException as err:                      # closed, or the peer went away
+                with self._cond:
+                    self._error = None if self._closed else err
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._ready[payload.step_id] = payload
+                self._cond.notify_all()
+
+    def recv(self, step_id: int, num_tokens: int, with_probs: bool, vocab_size: int,
+             dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
+        if num_tokens == 0:
+            return empty_payload(step_id, with_probs, vocab_size, dtype, self.device)
+        start = time.perf_counter()
+        if self._thread is None:
+            payload = self._receive_one(timedelta(seconds=timeout_s))
+        else:
+            with self._cond:
+                arrived = self._cond.wait_for(lambda: step_id in self._ready or self._error is not None,
+                                              timeout_s)
+                if self._error is not None:
+                    raise RuntimeError(f"data plane: receiving failed before step {step_id}") from self._error
+                if not arrived:
+                    raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
+                payload = self._ready.pop(step_id)
+        expected = (step_id, num_tokens, vocab_size if with_probs else None, dtype if with_probs else None)
+        got = (payload.step_id, payload.num_tokens,
+               None if payload.probs is None else payload.probs.shape[1],
+               None if payload.probs is None else payload.probs.dtype)
+        if got != expected:
+            raise ValueError(f"data plane: step {step_id} expected (step, tokens, vocab, dtype) "
+                             f"{expected}, received {got}")
+        self._record(payload.nbytes, time.perf_counter() - start)
+        return payload
+
+    def close(self) -> None:
+        self._closed = True
+        super().close()
+
+
+def connect_pair(role: str, host: str, port: int, backend: str = "gloo",
+                 device: torch.device | str = "cpu", connect_timeout_s: float = 60.0
+                 ) -> DistributedDraftSender | DistributedDraftReceiver:
+    """Open this side of a drafter-verifier pair; blocks until the peer joins."""
+    if role == "drafter":
+        return DistributedDraftSender(host, port, backend, device, connect_timeout_s)
+    if role == "verifier":
+        return DistributedDraftReceiver(host, port, backend, device, connect_timeout_s)
+    raise ValueError(f"data-plane role must be 'drafter' or 'verifier', got {role!r}")
