@@ -108,10 +108,6 @@ class BatchManager:
             self._retire(req, FinishReason.ABORT)
         self._wakeup.set()
 
-    @property
-    def num_active(self) -> int:
-        return len(self.requests)
-
     def _admit(self) -> None:
         while self.waiting:
             open_batches = [b for b in self.batches if len(b.requests) < self.config.max_batch]

@@ -69,10 +69,19 @@ class ModelRunner:
         cached = self._cached_tokens.get(request_id)
         if cached is None:
             return 0
-        keep = 0
         limit = min(len(cached), len(verified_tokens))
-        while keep < limit and cached[keep] == verified_tokens[keep]:
-            keep += 1
+        if cached[:limit] == verified_tokens[:limit]:       # the usual case: nothing rejected
+            keep = limit
+        else:
+            # First mismatch by bisection on slice equality: a handful of C-level compares
+            # instead of a Python loop over the whole context, on every step.
+            keep, bad = 0, limit                           # prefix `keep` agrees, prefix `bad` does not
+            while bad - keep > 1:
+                mid = (keep + bad) // 2
+                if cached[keep:mid] == verified_tokens[keep:mid]:
+                    keep = mid
+                else:
+                    bad = mid
         if keep < len(cached):
             self.truncate(request_id, keep)
         return keep

@@ -26,9 +26,6 @@ class Verifier(RequestTable):
             raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance}")
         self.synthetic_acceptance = synthetic_acceptance
 
-    def token_ids(self, request_id: str) -> list[int]:
-        return self._requests[request_id].token_ids
-
     def verify(self, requests: list[tuple[str, list[int]]],
                draft_probs: torch.Tensor | None = None) -> list[list[int]]:
         """requests: (request_id, draft_token_ids); draft_probs [sum k_i, V] or None (greedy
