@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from minedraft import bundled
-from minedraft.bench.peers import load_peer, transformers_generate
+from minedraft.bench.peers import llm_tokens_per_s, load_peer, transformers_generate
 from minedraft.llm import LLM
-from minedraft.sampling_params import SamplingParams
-
-
-def ours(llm: LLM, prompts: list[str], new_tokens: int, mode: str, k: int, batch: int) -> float:
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, mode=mode, k=k, max_batch=batch)
-    return sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -38,16 +29,16 @@ def main() -> None:
     prompts = bundled.load_prompts(args.num_prompts)
     llm = LLM(bundled.TARGET, bundled.DRAFT, dtype="float32")
     tokenizer, target, draft = load_peer(bundled.TARGET, bundled.DRAFT)
-    ours(llm, prompts[:2], 8, "sd", 2, 2)                                   # warm-up
+    llm_tokens_per_s(llm, prompts[:2], 8, "sd", 2, 2)                                   # warm-up
     transformers_generate(tokenizer, target, prompts[:2], 8, 2)
 
     few = prompts[:max(2, args.num_prompts // 4)]      # batch-1 rows use fewer prompts
     rows = [
-        ("ar, batch 1", ours(llm, few, args.new_tokens, "ar", 0, 1),
+        ("ar, batch 1", llm_tokens_per_s(llm, few, args.new_tokens, "ar", 0, 1),
          transformers_generate(tokenizer, target, few, args.new_tokens, 1), "generate"),
-        ("ar, batch 16", ours(llm, prompts, args.new_tokens, "ar", 0, 16),
+        ("ar, batch 16", llm_tokens_per_s(llm, prompts, args.new_tokens, "ar", 0, 16),
          transformers_generate(tokenizer, target, prompts, args.new_tokens, 16), "generate"),
-        (f"sd k={args.k}, batch 1", ours(llm, few, args.new_tokens, "sd", args.k, 1),
+        (f"sd k={args.k}, batch 1", llm_tokens_per_s(llm, few, args.new_tokens, "sd", args.k, 1),
          transformers_generate(tokenizer, target, few, args.new_tokens, 1, assistant=draft),
          "assisted generation"),
     ]

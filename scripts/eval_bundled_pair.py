@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
 import torch
 
 from minedraft import bundled
+from minedraft.bench.peers import llm_tokens_per_s
 from minedraft.llm import LLM
 from minedraft.metrics import AcceptanceStats
 from minedraft.sampling_params import SamplingParams
@@ -36,13 +36,6 @@ def acceptance(llm: LLM, prompts: list[str], max_tokens: int) -> dict:
         print(f"k={k}: acceptance rate {stats.acceptance_rate:.3f}, "
               f"mean acceptance length {stats.mean_acceptance_length:.2f}", flush=True)
     return rows
-
-
-def throughput(llm: LLM, prompts: list[str], max_tokens: int, mode: str, k: int, batch: int) -> float:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    outputs = llm.generate(prompts, params, mode=mode, k=k, max_batch=batch)
-    return sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start)
 
 
 def step_costs(llm: LLM, prompts: list[str], batch: int, k: int, max_tokens: int) -> tuple[float, float]:
@@ -76,7 +69,7 @@ def main() -> None:
     rounds: dict[int, list[float]] = {k: [] for k in [0, *KS]}
     for _ in range(args.rounds):
         for k in rounds:
-            rounds[k].append(throughput(llm, few, args.max_tokens, "sd" if k else "ar", k, 1))
+            rounds[k].append(llm_tokens_per_s(llm, few, args.max_tokens, "sd" if k else "ar", k, 1))
     ar_tps = statistics.median(rounds[0])
     sd_tps = {k: statistics.median(rounds[k]) for k in KS}
     best_sd_k = max(sd_tps, key=sd_tps.get)

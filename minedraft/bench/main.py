@@ -23,6 +23,7 @@ from minedraft.bench.report import overlap_ceiling, request_metrics, step_metric
 from minedraft.bench.workload import load_prompts
 from minedraft.client import Client
 from minedraft.launcher import Cluster, ServeConfig
+from minedraft.service import parse_cpus
 
 MODES = ("ar", "sd", "sd-colocated", "psd")
 
@@ -36,8 +37,7 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
         return ServeConfig(mode="psd", max_batch=max(1, concurrency // 2), **base)
     if mode == "sd-colocated":
         cpus = args.all_cpus
-        threads = len(cpus.split(",")) if "," in cpus else (int(cpus.split("-")[1]) - int(cpus.split("-")[0]) + 1
-                                                             if "-" in cpus else 1)
+        threads = max(1, len(parse_cpus(cpus)))
         return ServeConfig(mode="sd", max_batch=concurrency, target_cpus=cpus, draft_cpus=cpus,
                            target_threads=threads, draft_threads=threads, **base)
     return ServeConfig(mode=mode, max_batch=concurrency, **base)

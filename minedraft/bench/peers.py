@@ -1,8 +1,19 @@
-"""transformers on the same machine and prompts: the peers our numbers are read against."""
+"""transformers on the same machine and prompts: the peers our numbers are read against,
+and the in-process measurement of our own runner beside them."""
 
 from __future__ import annotations
 
 import time
+
+
+def llm_tokens_per_s(llm, prompts: list[str], max_tokens: int, mode: str, k: int, batch: int) -> float:
+    """Greedy, fixed output length, through the in-process `LLM`. -> output tokens/s."""
+    from minedraft.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, mode=mode, k=k, max_batch=batch)
+    return sum(len(o.token_ids) for o in outputs) / (time.perf_counter() - start)
 
 
 def load_peer(target: str, draft: str | None):
