@@ -134,7 +134,8 @@ def train(name, model, teacher, stream, args, gen) -> dict:
 
 def save(model, hf_tok: PreTrainedTokenizerFast, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out)
+    # Shards of at most 12 MB: each file stays small enough for the repository.
+    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="12MB")
     hf_tok.save_pretrained(out)
     model.to(torch.float32)
 
