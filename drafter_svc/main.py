@@ -1,8 +1,9 @@
-"""Start the drafter service: `python -m drafter_svc --model DIR --verifier HOST:PORT --port N`.
+"""Start a drafter: `python -m drafter_svc --model DIR --verifier HOST:PORT --port N`.
 
-At start-up the drafter asks the verifier how drafts travel (GetInfo) and joins that data
-plane: a torch.distributed pair group at the verifier's rendezvous address, or in-band
-gRPC calls to the verifier's PutDrafts.
+At start-up the drafter takes an identity, asks the verifier for a data-plane pairing of its
+own (ConnectDrafter: a torch.distributed pair group at a fresh rendezvous address, or in-band
+PutDrafts calls) and joins it. With --register-with it then joins the gateway's drafter pool
+itself, and leaves it (and its pairing) when stopped, so replicas can come and go at will.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import uuid
 
 import grpc
 
-from minedraft import bundled
-from minedraft.drafter import Drafter
-from minedraft.model_runner import ModelRunner
-from minedraft.service import add_runner_args, place_process, run, runner_config, start_server, wait_healthy
-from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from drafter_svc.servicer import DrafterServicer
+from minedraft import bundled
+from minedraft.service import (add_runner_args, advertised_host, place_process, resolve_device, run,
+                               runner_config, start_server, wait_healthy)
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
 
@@ -28,11 +29,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_runner_args(parser, default_model=bundled.DRAFT)
     parser.add_argument("--port", type=int, default=50071)
     parser.add_argument("--verifier", default="127.0.0.1:50061", help="the verifier's gRPC address")
+    parser.add_argument("--register-with", default="",
+                        help="a gateway's HOST:PORT: join its drafter pool once serving, leave it on stop")
+    parser.add_argument("--advertise-host", default="",
+                        help="host name the gateway reaches this drafter at (default: --host, or this "
+                             "machine's address when binding all interfaces; 'auto' = this machine's address)")
+    parser.add_argument("--gpu-lock-dir", default="/tmp/minedraft-gpu-locks",
+                        help="with --device cuda:auto, where replicas on one host claim their GPU")
     parser.add_argument("--connect-timeout", type=float, default=300.0)
     return parser.parse_args(argv)
 
 
-def _inband_put(verifier_address: str):
+def _inband_put(verifier_address: str, drafter_id: str):
     """A blocking PutDrafts call, made from the drafter's send thread."""
     from minedraft.data_plane import encode_payload
 
@@ -40,35 +48,65 @@ def _inband_put(verifier_address: str):
     stub = engine_pb2_grpc.VerifierStub(channel)
 
     def put(payload) -> None:
-        stub.PutDrafts(engine_pb2.DraftPayload(**encode_payload(payload)), timeout=60.0)
+        stub.PutDrafts(engine_pb2.DraftPayload(drafter_id=drafter_id, **encode_payload(payload)), timeout=60.0)
 
     return put
 
 
+async def _pool_call(gateway: str, method: str, address: str) -> None:
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = generation_pb2_grpc.DrafterPoolStub(channel)
+        await getattr(stub, method)(generation_pb2.DrafterEndpoint(address=address), timeout=30.0)
+
+
 async def serve(args: argparse.Namespace) -> None:
     from minedraft.data_plane import DistributedDraftSender, InBandDraftSender
+    from minedraft.drafter import Drafter
+    from minedraft.model_runner import ModelRunner
 
     place_process(args.cpus)
-    config = runner_config(args)
-    drafter = Drafter(ModelRunner(config))
+    device, gpu_lock = resolve_device(args.device, args.gpu_lock_dir)
+    config = runner_config(args, device=device)
+    loop = asyncio.get_running_loop()
+    drafter = await loop.run_in_executor(None, lambda: Drafter(ModelRunner(config)))
+    drafter_id = uuid.uuid4().hex
     await wait_healthy(args.verifier, args.connect_timeout)
-    async with grpc.aio.insecure_channel(args.verifier) as channel:
-        info = await engine_pb2_grpc.VerifierStub(channel).GetInfo(engine_pb2.EngineInfoRequest())
-    if info.data_plane == "inband":
-        sender = InBandDraftSender(_inband_put(args.verifier))
+    verifier_channel = grpc.aio.insecure_channel(args.verifier)
+    verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
+    pairing = await verifier.ConnectDrafter(engine_pb2.ConnectDrafterRequest(drafter_id=drafter_id))
+    if pairing.data_plane == "inband":
+        sender = InBandDraftSender(_inband_put(args.verifier, drafter_id))
     else:
-        host, _, port = info.data_plane_address.rpartition(":")
-        loop = asyncio.get_running_loop()
+        host, _, port = pairing.address.rpartition(":")
         sender = await loop.run_in_executor(None, lambda: DistributedDraftSender(
-            host, int(port), backend=info.data_plane, device=args.device))
-    servicer = DrafterServicer(drafter, sender, info.data_plane, args.model, config.torch_dtype)
+            host, int(port), backend=pairing.data_plane, device=device))
+    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
     server, port = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                       args.host, args.port, ["minedraft.v1.Drafter"])
-    logger.info("drafter serving %s on %s:%d (data plane %s)", args.model, args.host, port, info.data_plane)
+    address = f"{advertised_host(args.host, args.advertise_host)}:{port}"
+    logger.info("drafter %s serving %s on %s (%s, data plane %s)", drafter_id[:8], args.model, address,
+                device, pairing.data_plane)
+    if args.register_with:
+        await wait_healthy(args.register_with, args.connect_timeout)
+        await _pool_call(args.register_with, "Register", address)
+        logger.info("joined the drafter pool of %s", args.register_with)
     try:
         await server.wait_for_termination()
     finally:
+        if args.register_with:
+            try:
+                await _pool_call(args.register_with, "Deregister", address)
+            except grpc.aio.AioRpcError as err:
+                logger.warning("could not leave the drafter pool: %s", err.details())
         await server.stop(grace=1.0)
+        try:
+            await verifier.DisconnectDrafter(engine_pb2.DisconnectDrafterRequest(drafter_id=drafter_id), timeout=5.0)
+        except grpc.aio.AioRpcError:
+            pass
+        sender.close()
+        await verifier_channel.close()
+        if gpu_lock is not None:
+            gpu_lock.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,8 +24,9 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 class DrafterServicer(engine_pb2_grpc.DrafterServicer):
     def __init__(self, drafter: Drafter, sender: DraftSender, data_plane: str, model_name: str,
-                 probs_dtype: torch.dtype) -> None:
+                 probs_dtype: torch.dtype, drafter_id: str) -> None:
         self.drafter = drafter
+        self.drafter_id = drafter_id
         self.sender = sender
         self.data_plane = data_plane
         self.model_name = model_name
@@ -71,4 +72,6 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self._last_send = (time.perf_counter() - start, payload.nbytes)
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
-        return engine_info(self.drafter.runner, self.model_name, self.data_plane)
+        info = engine_info(self.drafter.runner, self.model_name, self.data_plane)
+        info.drafter_id = self.drafter_id
+        return info

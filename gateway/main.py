@@ -1,4 +1,8 @@
-"""Start the gateway: `python -m gateway --verifier HOST:PORT [--drafter HOST:PORT] --mode psd`."""
+"""Start the gateway: `python -m gateway --verifier HOST:PORT [--drafter HOST:PORT ...] --mode psd`.
+
+Drafters given with --drafter must be up at start-up; more join (and leave) at run time
+through the DrafterPool API, which `python -m drafter_svc --register-with` calls itself.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ import logging
 
 import grpc
 
+from gateway.pool import DrafterPool, PoolError
 from gateway.scheduler import MODES, BatchManager, SchedulerConfig
-from gateway.servicer import GenerationServicer, server_info
+from gateway.servicer import DrafterPoolServicer, GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
 from minedraft.service import run, start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
@@ -22,7 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50051)
     parser.add_argument("--verifier", default="127.0.0.1:50061")
-    parser.add_argument("--drafter", default="127.0.0.1:50071", help="drafter address (unused in ar mode)")
+    parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
+                        help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
+                             "also join later through the DrafterPool API")
     parser.add_argument("--mode", default="psd", choices=MODES)
     parser.add_argument("--k", type=int, default=4, help="draft length")
     parser.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
@@ -38,32 +45,36 @@ async def serve(args: argparse.Namespace) -> None:
     verifier_channel = grpc.aio.insecure_channel(args.verifier)
     verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
     target_info = await verifier.GetInfo(engine_pb2.EngineInfoRequest())
-    drafter, draft_info = None, None
+    pool = None
     if args.mode != "ar":
-        await wait_healthy(args.drafter, args.connect_timeout)
-        drafter = engine_pb2_grpc.DrafterStub(grpc.aio.insecure_channel(args.drafter))
-        draft_info = await drafter.GetInfo(engine_pb2.EngineInfoRequest())
-        if draft_info.vocab_size != target_info.vocab_size:
-            raise SystemExit(f"draft vocab {draft_info.vocab_size} != target vocab {target_info.vocab_size}")
-        if draft_info.dtype != target_info.dtype:
-            raise SystemExit(f"draft dtype {draft_info.dtype} != target dtype {target_info.dtype}")
-    kv_blocks = min(target_info.num_blocks, draft_info.num_blocks if draft_info else target_info.num_blocks)
-    block_size = max(target_info.block_size, draft_info.block_size if draft_info else 0)
+        pool = DrafterPool(target_info, args.connect_timeout)
+        for address in args.drafter:
+            try:
+                await pool.add(address)
+            except PoolError as err:
+                raise SystemExit(str(err)) from err
+        if not args.drafter:
+            logger.warning("no drafter yet: steps run at k = 0 until one registers")
+    kv_blocks, block_size = target_info.num_blocks, target_info.block_size
     config = SchedulerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
                              max_batch=args.max_batch, kv_blocks=kv_blocks, block_size=block_size)
-    manager = BatchManager(config, verifier, drafter)
+    manager = BatchManager(config, verifier, pool)
     tokenizer = TextTokenizer(args.tokenizer or target_info.model)
-    info = server_info(args.mode, config.k, args.max_batch, target_info.model,
-                       draft_info.model if draft_info else "", 1 if draft_info else 0)
+    info = server_info(args.mode, config.k, args.max_batch, target_info.model, "", 0)
     info.synthetic_acceptance = target_info.synthetic_acceptance
     if target_info.synthetic_acceptance:
         logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance %.2f): "
                        "outputs are not the target model's", target_info.synthetic_acceptance)
     servicer = GenerationServicer(manager, tokenizer, target_info.vocab_size,
                                   tuple(target_info.eos_token_ids), target_info.max_model_len, info)
-    server, port = await start_server(
-        lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
-        args.host, args.port, ["minedraft.v1.Generation"])
+    pool_servicer = DrafterPoolServicer(manager)
+
+    def add_servicers(server: grpc.aio.Server) -> None:
+        generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+        generation_pb2_grpc.add_DrafterPoolServicer_to_server(pool_servicer, server)
+
+    server, port = await start_server(add_servicers, args.host, args.port,
+                                      ["minedraft.v1.Generation", "minedraft.v1.DrafterPool"])
     logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, port, args.mode, config.k, args.max_batch)
     loop_task = asyncio.ensure_future(manager.run())
     try:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.sequence import FinishReason, Sequence
+
+if TYPE_CHECKING:
+    from gateway.pool import DrafterHandle
 
 
 @dataclass
@@ -24,7 +28,8 @@ class ActiveRequest:
     stop_matcher: StopStringMatcher
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     known_to_verifier: bool = False
-    known_to_drafter: bool = False
+    drafter: DrafterHandle | None = None                     # where its draft KV lives
+    known_to_drafter: bool = False                           # that drafter has it (prefilled)
     pending_diff: list[int] = field(default_factory=list)   # verified tokens the drafter has not heard
     cancelled: bool = False
     done: bool = False                                       # final event sent

@@ -9,8 +9,12 @@ Modes:
        a longer first chunk), so no step stalls for them. When only one batch has work the
        step degrades to sequential SD for it, and overlap resumes once the other fills.
 
+Drafters form a pool (`pool.py`): each request lives on one drafter, and a batch's draft
+step runs on every drafter holding its requests, in parallel. A drafter that dies loses
+nothing: its requests move to another drafter, or run at k = 0 when none is left.
+
 The scheduler only moves token ids and counts; drafts travel drafter -> verifier on the
-data plane, tagged with the draft step's id.
+data plane, tagged with the drafter and its step's id.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
 from minedraft.protocol import new_request_proto
 from minedraft.sequence import FinishReason
@@ -36,9 +41,8 @@ MODES = ("ar", "sd", "psd")
 class Batch:
     index: int
     requests: list[ActiveRequest] = field(default_factory=list)
-    drafted: list[tuple[ActiveRequest, int]] | None = None   # drafts waiting for verification
-    draft_step_id: int = 0
-    with_probs: bool = False
+    drafted: list[tuple[ActiveRequest, int, int]] | None = None   # (request, k, source): awaiting verification
+    sources: list[engine_pb2.DraftSource] = field(default_factory=list)
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]
@@ -63,19 +67,19 @@ class SchedulerConfig:
 
 class BatchManager:
     def __init__(self, config: SchedulerConfig, verifier: engine_pb2_grpc.VerifierStub,
-                 drafter: engine_pb2_grpc.DrafterStub | None) -> None:
-        if config.mode != "ar" and drafter is None:
-            raise ValueError(f"mode {config.mode!r} needs a drafter")
+                 pool: DrafterPool | None) -> None:
+        if config.mode != "ar" and pool is None:
+            raise ValueError(f"mode {config.mode!r} needs a drafter pool")
         self.config = config
-        self.verifier, self.drafter = verifier, drafter
+        self.verifier, self.pool = verifier, pool
         self.batches = [Batch(0), Batch(1)] if config.mode == "psd" else [Batch(0)]
         self.waiting: deque[ActiveRequest] = deque()
         self.requests: dict[str, ActiveRequest] = {}
         self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=100_000)
         self._free_on_verifier: list[str] = []
-        self._free_on_drafter: list[str] = []
         self._reserved_blocks: dict[str, int] = {}
         self._wakeup = asyncio.Event()
+        self._background: set[asyncio.Future] = set()
         self._step_id = 0
         self._t0 = time.perf_counter()
         self._rpc_seconds = {"draft": 0.0, "verify": 0.0}   # last step's calls, for StepRecord
@@ -103,7 +107,7 @@ class BatchManager:
             self.waiting.remove(req)
             self._retire(req, FinishReason.ABORT)
             return
-        in_flight = any(b.drafted and any(r is req for r, _ in b.drafted) for b in self.batches)
+        in_flight = any(b.drafted and any(r is req for r, _, _ in b.drafted) for b in self.batches)
         if not in_flight:
             self._retire(req, FinishReason.ABORT)
         self._wakeup.set()
@@ -117,9 +121,30 @@ class BatchManager:
             need = self.blocks_for(req)
             if sum(self._reserved_blocks.values()) + need > self.config.kv_blocks:
                 return
+            if self.pool and self.config.mode != "ar":
+                drafter = self.pool.choose(need)
+                if drafter is None:         # every drafter is full: wait for one to drain
+                    return
+                self._assign(req, drafter)
             self.waiting.popleft()
             self._reserved_blocks[req.request_id] = need
             min(open_batches, key=lambda b: len(b.requests)).requests.append(req)
+
+    def _assign(self, req: ActiveRequest, drafter: DrafterHandle) -> None:
+        req.drafter, req.known_to_drafter, req.pending_diff = drafter, False, []
+        drafter.request_ids.add(req.request_id)
+        drafter.reserved_blocks += self.blocks_for(req)
+        drafter.requests_assigned += 1
+
+    def _unassign(self, req: ActiveRequest) -> None:
+        drafter = req.drafter
+        if drafter is None:
+            return
+        drafter.request_ids.discard(req.request_id)
+        drafter.reserved_blocks -= self.blocks_for(req)
+        if req.known_to_drafter:
+            drafter.pending_frees.append(req.request_id)
+        req.drafter, req.known_to_drafter, req.pending_diff = None, False, []
 
     def _retire(self, req: ActiveRequest, reason: FinishReason) -> None:
         """Final event to the client and KV frees queued for both services."""
@@ -132,10 +157,38 @@ class BatchManager:
                 batch.requests.remove(req)
         if req.known_to_verifier:
             self._free_on_verifier.append(req.request_id)
-        if req.known_to_drafter:
-            self._free_on_drafter.append(req.request_id)
+        self._unassign(req)
         self._reserved_blocks.pop(req.request_id, None)
         self.requests.pop(req.request_id, None)
+
+    # ---- the drafter pool ----------------------------------------------------------------
+    async def add_drafter(self, address: str) -> None:
+        await self.pool.add(address)
+        self._wakeup.set()
+
+    def remove_drafter(self, address: str, graceful: bool = True) -> DrafterHandle | None:
+        """The drafter leaves (or died): its requests are re-homed at their next draft step.
+        A graceful leave also frees their draft KV there, in case the drafter stays up."""
+        drafter = self.pool.remove(address) if self.pool else None
+        if drafter is None:
+            return None
+        for req in list(self.requests.values()):
+            if req.drafter is drafter:
+                self._unassign(req)
+        self._background.add(asyncio.ensure_future(self._close_drafter(drafter, graceful)))
+        self._background = {t for t in self._background if not t.done()}
+        self._wakeup.set()
+        return drafter
+
+    async def _close_drafter(self, drafter: DrafterHandle, graceful: bool) -> None:
+        if graceful and drafter.pending_frees:
+            self._step_id += 1
+            try:
+                await drafter.stub.Step(engine_pb2.DraftStepRequest(
+                    step_id=self._step_id, finished=drafter.pending_frees), timeout=5.0)
+            except grpc.aio.AioRpcError:
+                pass
+        await drafter.channel.close()
 
     # ---- the step loop -------------------------------------------------------------------
     async def run(self) -> None:
@@ -144,7 +197,7 @@ class BatchManager:
             verify_batch = next((b for b in self.batches if b.drafted is not None), None)
             draft_batch = next((b for b in self.batches if b.drafted is None and b.to_draft()), None)
             if self.config.mode == "ar" and draft_batch is not None:
-                draft_batch.drafted = [(r, 0) for r in draft_batch.to_draft()]
+                draft_batch.drafted = [(r, 0, 0) for r in draft_batch.to_draft()]
                 verify_batch, draft_batch = draft_batch, None
             if verify_batch is None and draft_batch is None:
                 await self._flush_frees()
@@ -163,10 +216,11 @@ class BatchManager:
                 finished, self._free_on_verifier = self._free_on_verifier, []
                 self._step_id += 1
                 await self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self._step_id, finished=finished))
-            if self._free_on_drafter and self.drafter is not None:
-                finished, self._free_on_drafter = self._free_on_drafter, []
-                self._step_id += 1
-                await self.drafter.Step(engine_pb2.DraftStepRequest(step_id=self._step_id, finished=finished))
+            for drafter in list(self.pool.drafters.values()) if self.pool else []:
+                if drafter.pending_frees:
+                    finished, drafter.pending_frees = drafter.pending_frees, []
+                    self._step_id += 1
+                    await drafter.stub.Step(engine_pb2.DraftStepRequest(step_id=self._step_id, finished=finished))
         except grpc.aio.AioRpcError as err:
             logger.error("could not free finished requests: %s", err.details())
 
@@ -196,15 +250,17 @@ class BatchManager:
                 record.data_plane_s += result.recv_s
             else:
                 # The drafter's send waits for the verifier's matching receive, so the
-                # transfer is timed on the receiving side (verify recv_s) only.
-                record.draft_busy_s, record.draft_batch = result.busy_s, len(batch.drafted or [])
-                record.data_plane_bytes = result.sent_bytes
+                # transfer is timed on the receiving side (verify recv_s) only. Drafters of
+                # the pool run in parallel: the step waits for the slowest.
+                record.draft_busy_s = max((r.busy_s for r in result), default=0.0)
+                record.draft_batch = len(batch.drafted or [])
+                record.data_plane_bytes = sum(r.sent_bytes for r in result)
         self.step_records.append(record)
 
     async def _verify(self, step_id: int, batch: Batch) -> engine_pb2.VerifyStepResponse:
         items = batch.drafted or []
         new_requests = []
-        for req, _ in items:
+        for req, _, _ in items:
             if req.live and not req.known_to_verifier:
                 new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
                                                       req.seq.params, req.seq.seed))
@@ -212,18 +268,22 @@ class BatchManager:
         finished, self._free_on_verifier = self._free_on_verifier, []
         message = engine_pb2.VerifyStepRequest(
             step_id=step_id, new_requests=new_requests, finished=finished,
-            items=[engine_pb2.VerifyItem(request_id=r.request_id, num_draft=k) for r, k in items],
-            draft_step_id=batch.draft_step_id, with_probs=batch.with_probs)
+            items=[engine_pb2.VerifyItem(request_id=r.request_id, num_draft=k, source=source)
+                   for r, k, source in items],
+            sources=batch.sources)
         start = time.perf_counter()
         try:
             response = await self.verifier.Step(message)
         finally:
             batch.drafted = None
         self._rpc_seconds["verify"] = time.perf_counter() - start
-        results = {r.request_id: list(r.token_ids) for r in response.results}
-        for req, k in items:
-            if req.request_id in results:
-                self._apply(req, k, results[req.request_id])
+        results = {r.request_id: r for r in response.results}
+        for req, _, _ in items:
+            result = results.get(req.request_id)
+            if result is not None:
+                self._apply(req, result.num_draft, list(result.token_ids))
+            elif req.cancelled and not req.done:    # cancelled before the verifier ever saw it
+                self._retire(req, FinishReason.ABORT)
         return response
 
     def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:
@@ -232,19 +292,55 @@ class BatchManager:
             return
         if not req.live:
             return
-        if self.config.mode != "ar":
+        if k:
             req.seq.stats.record(k, len(tokens) - 1)
         kept = req.seq.append(tokens)
-        req.pending_diff.extend(tokens)
+        if req.drafter is not None:
+            req.pending_diff.extend(tokens)
         req.emit_tokens(kept)
         if req.seq.is_finished:
             self._retire(req, req.seq.finish_reason)
 
-    async def _draft(self, step_id: int, batch: Batch) -> engine_pb2.DraftStepResponse:
+    async def _draft(self, step_id: int, batch: Batch) -> list[engine_pb2.DraftStepResponse]:
+        """Draft the batch on every drafter holding its requests, in parallel. Requests with
+        no drafter (none has room, or the pool is empty) are verified with k = 0."""
         live = batch.to_draft()
-        items = [(r, r.seq.draft_length(self.config.k)) for r in live]
-        new_requests, updates = [], []
         for req in live:
+            if req.drafter is None and self.pool:
+                drafter = self.pool.choose(self.blocks_for(req))
+                if drafter is not None:
+                    self._assign(req, drafter)
+        by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]] = {}
+        drafted = []
+        for req in live:
+            if req.drafter is None:
+                drafted.append((req, 0, 0))
+            else:
+                by_drafter.setdefault(req.drafter, []).append((req, req.seq.draft_length(self.config.k)))
+        drafters = list(by_drafter)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(self._draft_on(step_id, d, by_drafter[d]) for d in drafters),
+                                       return_exceptions=True)
+        self._rpc_seconds["draft"] = time.perf_counter() - start
+        responses, sources = [], []
+        for drafter, result in zip(drafters, results):
+            items = by_drafter[drafter]
+            if isinstance(result, BaseException):
+                self._drafter_failed(drafter, [req for req, _ in items], result)
+                drafted.extend((req, 0, 0) for req, _ in items)
+                continue
+            # The drafter flattened its drafts in this order; the verifier reads them so.
+            drafted.extend((req, k, len(sources)) for req, k in items)
+            sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id,
+                                                  with_probs=result.with_probs))
+            responses.append(result)
+        batch.drafted, batch.sources = drafted, sources
+        return responses
+
+    async def _draft_on(self, step_id: int, drafter: DrafterHandle,
+                        items: list[tuple[ActiveRequest, int]]) -> engine_pb2.DraftStepResponse:
+        new_requests, updates = [], []
+        for req, _ in items:
             if not req.known_to_drafter:
                 new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
                                                       req.seq.params, req.seq.seed))
@@ -252,19 +348,30 @@ class BatchManager:
             elif req.pending_diff:
                 updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
             req.pending_diff = []
-        finished, self._free_on_drafter = self._free_on_drafter, []
-        start = time.perf_counter()
-        response = await self.drafter.Step(engine_pb2.DraftStepRequest(
+        finished, drafter.pending_frees = drafter.pending_frees, []
+        return await drafter.stub.Step(engine_pb2.DraftStepRequest(
             step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
             items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]))
-        self._rpc_seconds["draft"] = time.perf_counter() - start
-        batch.drafted = items
-        batch.draft_step_id = step_id
-        batch.with_probs = response.with_probs
-        return response
+
+    def _drafter_failed(self, drafter: DrafterHandle, requests: list[ActiveRequest], err: BaseException) -> None:
+        """A draft call failed. A drafter that is gone leaves the pool; otherwise only these
+        requests are re-homed (their state there is suspect). Nothing is lost either way:
+        this step verifies them with k = 0."""
+        code = err.code() if isinstance(err, grpc.aio.AioRpcError) else grpc.StatusCode.INTERNAL
+        message = err.details() if isinstance(err, grpc.aio.AioRpcError) else repr(err)
+        if code in _DRAFTER_GONE:
+            logger.warning("drafter %s failed (%s: %s); re-homing its %d requests",
+                           drafter.address, code.name, message, len(drafter.request_ids))
+            self.remove_drafter(drafter.address, graceful=False)
+            return
+        logger.error("draft step on %s failed (%s: %s); re-homing %d requests",
+                     drafter.address, code.name, message, len(requests))
+        for req in requests:
+            if req.drafter is drafter:
+                self._unassign(req)
 
     def _fail_batch(self, batch: Batch, err: BaseException) -> None:
-        """A service call failed: fail that batch's requests, keep serving everyone else."""
+        """A verifier call failed: fail that batch's requests, keep serving everyone else."""
         code = err.code() if isinstance(err, grpc.aio.AioRpcError) else grpc.StatusCode.INTERNAL
         message = err.details() if isinstance(err, grpc.aio.AioRpcError) else repr(err)
         logger.error("step failed for batch %d: %s %s", batch.index, code, message)
@@ -272,3 +379,7 @@ class BatchManager:
         for req in list(batch.requests):
             req.emit_error(code, f"engine step failed: {message}")
             self._forget(req)
+
+
+_DRAFTER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                 grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)

@@ -8,6 +8,7 @@ import random
 
 import grpc
 
+from gateway.pool import DrafterUnreachable, PoolError
 from gateway.request import ActiveRequest, StreamEvent
 from gateway.scheduler import BatchManager
 from minedraft import __version__
@@ -96,6 +97,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             prompt_tokens=len(req.seq.prompt_token_ids))
 
     async def GetServerInfo(self, request, context) -> generation_pb2.ServerInfo:
+        pool = self.manager.pool
+        if pool is not None:
+            self.info.num_drafters = len(pool)
+            if pool.drafters:
+                self.info.draft_model = next(iter(pool.drafters.values())).model
         return self.info
 
     async def GetStepStats(self, request, context) -> generation_pb2.StepStats:
@@ -108,3 +114,34 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
 def server_info(mode: str, k: int, max_batch: int, target: str, draft: str, num_drafters: int) -> generation_pb2.ServerInfo:
     return generation_pb2.ServerInfo(version=__version__, mode=mode, k=k, target_model=target,
                                      draft_model=draft, max_batch=max_batch, num_drafters=num_drafters)
+
+
+class DrafterPoolServicer(generation_pb2_grpc.DrafterPoolServicer):
+    """Drafters join and leave the pool at run time."""
+
+    def __init__(self, manager: BatchManager) -> None:
+        self.manager = manager
+
+    async def Register(self, request: generation_pb2.DrafterEndpoint, context) -> generation_pb2.PoolStatus:
+        if self.manager.pool is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this gateway runs in ar mode: no drafters")
+        try:
+            await self.manager.add_drafter(request.address)
+        except PoolError as err:
+            code = (grpc.StatusCode.UNAVAILABLE if isinstance(err, DrafterUnreachable)
+                    else grpc.StatusCode.INVALID_ARGUMENT)
+            await context.abort(code, str(err))
+        except grpc.aio.AioRpcError as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"address: drafter {request.address}: {err.details()}")
+        return self.manager.pool.status()
+
+    async def Deregister(self, request: generation_pb2.DrafterEndpoint, context) -> generation_pb2.PoolStatus:
+        if self.manager.pool is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this gateway runs in ar mode: no drafters")
+        if self.manager.remove_drafter(request.address) is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"address: {request.address!r} is not in the pool")
+        return self.manager.pool.status()
+
+    async def List(self, request, context) -> generation_pb2.PoolStatus:
+        pool = self.manager.pool
+        return pool.status() if pool is not None else generation_pb2.PoolStatus()

@@ -14,7 +14,8 @@ def _serve(args: argparse.Namespace) -> int:
         target=args.target, draft=args.draft, dtype=args.dtype, target_device=args.target_device,
         draft_device=args.draft_device, target_threads=args.target_threads,
         draft_threads=args.draft_threads, target_cpus=args.target_cpus, draft_cpus=args.draft_cpus,
-        data_plane=args.data_plane, num_blocks=args.num_blocks, log_level=args.log_level)
+        data_plane=args.data_plane, num_blocks=args.num_blocks, log_level=args.log_level,
+        tp=args.tp, drafters=args.drafters)
     return serve_forever(config)
 
 
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--target-cpus", default=defaults.target_cpus, help="cores for the verifier")
     serve.add_argument("--draft-cpus", default=defaults.draft_cpus, help="cores for the drafter")
     serve.add_argument("--data-plane", default="gloo", choices=["gloo", "nccl", "inband"])
+    serve.add_argument("--tp", type=int, default=1, help="verifier tensor-parallel ranks")
+    serve.add_argument("--drafters", type=int, default=1, help="drafters in the pool")
     serve.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
     serve.add_argument("--log-level", default="WARNING")
     serve.set_defaults(func=_serve)

@@ -36,6 +36,8 @@ class ServeConfig:
     target_cpus: str = field(default_factory=lambda: "0" if (os.cpu_count() or 1) > 1 else "")
     draft_cpus: str = field(default_factory=lambda: "1" if (os.cpu_count() or 1) > 1 else "")
     data_plane: str = "gloo"       # gloo | nccl | inband
+    tp: int = 1                    # verifier tensor-parallel ranks
+    drafters: int = 1              # drafters in the pool (ar mode starts none)
     num_blocks: int = 4096
     log_level: str = "WARNING"
     startup_timeout_s: float = 300.0
@@ -55,6 +57,7 @@ class Cluster:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.procs: dict[str, subprocess.Popen] = {}
+        self._killed: set[str] = set()
         self.port = config.port or free_port(config.host)
 
     @property
@@ -63,41 +66,86 @@ class Cluster:
 
     def start(self) -> "Cluster":
         cfg = self.config
+        if cfg.tp < 1 or cfg.drafters < 0:
+            raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={cfg.tp}, drafters={cfg.drafters}")
         py = [sys.executable, "-m"]
-        verifier_port, drafter_port = free_port(cfg.host), free_port(cfg.host)
+        verifier_port = free_port(cfg.host)
         self.verifier_address = f"{cfg.host}:{verifier_port}"
-        self.drafter_address = f"{cfg.host}:{drafter_port}" if cfg.mode != "ar" else None
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
-        common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
-                  "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
+        self._common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
+                        "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
         self._spawn("verifier", py + ["verifier_svc", "--model", cfg.target, "--port", str(verifier_port),
                                       "--device", cfg.target_device, "--threads", str(cfg.target_threads),
-                                      "--cpus", cfg.target_cpus, "--data-plane", plane,
-                                      "--data-plane-port", str(free_port(cfg.host))] + common
+                                      "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
+                    + self._common
                     + ([] if cfg.synthetic_acceptance is None else
                        ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
-        if cfg.mode != "ar":
-            self._spawn("drafter", py + ["drafter_svc", "--model", cfg.draft, "--port", str(drafter_port),
-                                         "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
-                                         "--cpus", cfg.draft_cpus, "--verifier", f"{cfg.host}:{verifier_port}"]
-                        + common)
+        self.drafter_addresses: list[str] = []
+        for _ in range(cfg.drafters if cfg.mode != "ar" else 0):
+            self.drafter_addresses.append(self._spawn_drafter())
+        self.drafter_address = self.drafter_addresses[0] if self.drafter_addresses else None
+        drafter_flags = [flag for address in self.drafter_addresses for flag in ("--drafter", address)]
         self._spawn("gateway", py + ["gateway", "--host", cfg.host, "--port", str(self.port),
-                                     "--verifier", f"{cfg.host}:{verifier_port}",
-                                     "--drafter", f"{cfg.host}:{drafter_port}", "--mode", cfg.mode,
+                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
                                      "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
-                                     "--log-level", cfg.log_level])
+                                     "--log-level", cfg.log_level] + drafter_flags)
         try:
-            asyncio.run(self._wait_ready())
+            asyncio.run(self._wait_ready(self.address))
         except BaseException:
             self.stop()
             raise
         return self
 
+    def _spawn_drafter(self, register: bool = False) -> str:
+        """Start one more drafter; -> its address. With register it joins the running
+        gateway's pool itself (as replicas started by an orchestrator do)."""
+        cfg = self.config
+        port = free_port(cfg.host)
+        name = f"drafter-{sum(n.startswith('drafter') for n in self.procs)}"
+        self._spawn(name, [sys.executable, "-m", "drafter_svc", "--model", cfg.draft, "--port", str(port),
+                           "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
+                           "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address] + self._common
+                    + (["--register-with", self.address] if register else []))
+        return f"{cfg.host}:{port}"
+
+    def add_drafter(self) -> tuple[str, str]:
+        """A drafter joining the running pool; returns once the gateway lists it.
+        -> (process name, address)."""
+        address = self._spawn_drafter(register=True)
+        name = list(self.procs)[-1]
+        asyncio.run(self._wait_listed(address))
+        self.drafter_addresses.append(address)
+        return name, address
+
+    async def _wait_listed(self, address: str) -> None:
+        import grpc
+
+        from minedraft.v1 import generation_pb2, generation_pb2_grpc
+
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = generation_pb2_grpc.DrafterPoolStub(channel)
+            while time.monotonic() < deadline:
+                status = await stub.List(generation_pb2.ListDraftersRequest())
+                if any(d.address == address for d in status.drafters):
+                    return
+                if self.dead():
+                    raise RuntimeError(f"{', '.join(self.dead())} exited while a drafter joined")
+                await asyncio.sleep(0.2)
+        raise TimeoutError(f"drafter {address} did not join the pool")
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service process (failure tests)."""
+        proc = self.procs[name]
+        self._killed.add(name)
+        proc.kill()
+        proc.wait()
+
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.procs[name] = subprocess.Popen(argv, start_new_session=True)
 
-    async def _wait_ready(self) -> None:
-        waiter = asyncio.ensure_future(wait_healthy(self.address, self.config.startup_timeout_s))
+    async def _wait_ready(self, address: str) -> None:
+        waiter = asyncio.ensure_future(wait_healthy(address, self.config.startup_timeout_s))
         while not waiter.done():
             dead = [n for n, p in self.procs.items() if p.poll() is not None]
             if dead:
@@ -107,13 +155,14 @@ class Cluster:
         waiter.result()
 
     def dead(self) -> list[str]:
-        return [n for n, p in self.procs.items() if p.poll() is not None]
+        return [n for n, p in self.procs.items() if p.poll() is not None and n not in self._killed]
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Front to back: the gateway first (no new steps), then the drafter, then the
         verifier, whose data-plane receive is still posted until its peer has gone."""
         deadline = time.monotonic() + timeout_s
-        for name in ("gateway", "drafter", "verifier"):
+        order = (["gateway"] + [n for n in self.procs if n.startswith("drafter")] + ["verifier"])
+        for name in order:
             proc = self.procs.get(name)
             if proc is None:
                 continue
@@ -141,10 +190,18 @@ def serve_forever(config: ServeConfig) -> int:
         signal.signal(sig, _interrupt)
     cluster = Cluster(config)
     cluster.start()
-    print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}) serving on {cluster.address}; "
+    print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}, tp={config.tp}, "
+          f"drafters={config.drafters if config.mode != 'ar' else 0}) serving on {cluster.address}; "
           f"Ctrl-C stops all services", flush=True)
     try:
-        while not cluster.dead():
+        reported: set[str] = set()
+        while True:
+            dead = cluster.dead()
+            if "gateway" in dead or "verifier" in dead:
+                break
+            for name in set(dead) - reported:       # the pool carries on without it
+                print(f"minedraft: {name} exited; its requests moved to the other drafters", file=sys.stderr)
+                reported.add(name)
             time.sleep(0.5)
         print(f"minedraft: {', '.join(cluster.dead())} exited; stopping", file=sys.stderr)
         return 1

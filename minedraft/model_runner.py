@@ -4,6 +4,10 @@ The runner decides *how* a forward runs; what runs (which requests, how many tok
 the caller's decision, handed over as `ForwardChunk`s. Each request contributes its own
 number of new tokens (a prefill chunk, one decode token, k + 1 verification tokens) and
 gets logits only at the positions it asks for.
+
+Under tensor parallelism every rank of the group holds a runner over its shard and must
+be handed the same calls in the same order; each returns the full-vocabulary logits, so
+whatever samples from them runs identically on every rank.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from minedraft.config import ModelConfig, RunnerConfig
 from minedraft.kv_cache import BlockManager, KVCache
 from minedraft.model.attention import ATTENTION_BACKENDS, build_metadata
 from minedraft.model.loader import load_model
+from minedraft.parallel import TPGroup
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,8 @@ class ForwardChunk:
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, tp: TPGroup | None = None) -> None:
+        """tp: this rank's tensor-parallel group; None runs the whole model here."""
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         if config.attention_backend not in ATTENTION_BACKENDS:
@@ -34,14 +40,19 @@ class ModelRunner:
                              f"got {config.attention_backend!r}")
         self.config = config
         self.device = torch.device(config.device)
-        self.model = load_model(config.model_path, config.torch_dtype, self.device, config.random_weights)
+        self.tp = tp if tp is not None else TPGroup.single(self.device)
+        if self.tp.size > 1 and not _same_device(self.tp.device, self.device):
+            raise ValueError(f"tensor-parallel group is on {self.tp.device} but the runner on {self.device}")
+        self.model = load_model(config.model_path, config.torch_dtype, self.device, config.random_weights,
+                                tp=self.tp)
         self.model_config: ModelConfig = self.model.cfg
         self.attention = ATTENTION_BACKENDS[config.attention_backend]
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self._cached_tokens: dict[str, list[int]] = {}
         cfg = self.model_config
+        local_kv_heads = self.model.layers[0].attn.num_kv_heads     # this rank's share
         self.kv_cache = KVCache(cfg.num_layers, config.num_blocks, config.block_size,
-                                cfg.num_kv_heads, cfg.head_dim, config.torch_dtype, self.device)
+                                local_kv_heads, cfg.head_dim, config.torch_dtype, self.device)
 
     @property
     def vocab_size(self) -> int:
@@ -130,3 +141,8 @@ class ModelRunner:
             torch.tensor(logits_rows, dtype=torch.int64, device=self.device),
             self.attention,
         )
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """An unset index matches any: 'cuda' and 'cuda:0' may name the same device."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)

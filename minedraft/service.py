@@ -7,7 +7,10 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+import zlib
 from collections.abc import Awaitable, Callable
+from typing import IO
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -31,10 +34,50 @@ def add_runner_args(parser: argparse.ArgumentParser, default_model: str) -> None
     parser.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)
 
 
-def runner_config(args: argparse.Namespace) -> RunnerConfig:
-    return RunnerConfig(model_path=args.model, dtype=args.dtype, device=args.device,
+def runner_config(args: argparse.Namespace, device: str | None = None) -> RunnerConfig:
+    return RunnerConfig(model_path=args.model, dtype=args.dtype, device=device or args.device,
                         block_size=args.block_size, num_blocks=args.num_blocks,
                         num_threads=args.threads, random_weights=args.random_weights)
+
+
+def resolve_device(device: str, lock_dir: str) -> tuple[str, IO | None]:
+    """'cuda:auto': the first visible GPU whose lock this process can hold (replicas on one
+    host spread over their GPUs); when every GPU is taken, they share round-robin.
+    -> (device, the lock's file, which the caller keeps open as long as it uses the GPU)."""
+    if device != "cuda:auto":
+        return device, None
+    import fcntl
+
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit("--device cuda:auto: no CUDA device is visible")
+    os.makedirs(lock_dir, exist_ok=True)
+    for index in range(count):
+        handle = open(os.path.join(lock_dir, f"gpu{index}.lock"), "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        return f"cuda:{index}", handle
+    # More replicas than GPUs: spread by host name (replicas in containers share a pid).
+    return f"cuda:{zlib.crc32(f'{socket.gethostname()}:{os.getpid()}'.encode()) % count}", None
+
+
+def advertised_host(bind_host: str, advertise: str = "") -> str:
+    """The host name peers should dial: the bind address unless it is a wildcard, in which
+    case (or with 'auto') this machine's address as its own resolver sees it."""
+    if advertise and advertise != "auto":
+        return advertise
+    if not advertise and bind_host not in ("0.0.0.0", "::", "[::]", ""):
+        return bind_host
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
 
 
 def parse_cpus(spec: str) -> set[int]:

@@ -3,24 +3,25 @@ exact, and odd request patterns leave no KV blocks behind."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from cluster_helpers import DRAFT, MAX_TOKENS, TARGET
+from cluster_helpers import assert_blocks_returned as _assert_blocks_returned
+from cluster_helpers import generate_all as _generate_all
+from cluster_helpers import is_near_tie as _is_near_tie
+from cluster_helpers import request as _request
+from cluster_helpers import stub as _stub
 
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.llm import LLM
 from minedraft.sampling_params import SamplingParams
-from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
-
-TARGET = os.environ.get("MINEDRAFT_TEST_TARGET", bundled.TARGET)
-DRAFT = os.environ.get("MINEDRAFT_TEST_DRAFT", bundled.DRAFT)
-MAX_TOKENS = 24
-NEAR_TIE = 1e-5
+from minedraft.v1 import (
+    generation_pb2,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,53 +53,6 @@ def reference(prompts):
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(prompts, params, mode="ar", max_batch=8)
     return llm, [o.token_ids for o in outputs]
-
-
-def _stub(cluster: Cluster):
-    return generation_pb2_grpc.GenerationStub(grpc.insecure_channel(cluster.address))
-
-
-def _request(prompt: str, **sampling) -> generation_pb2.GenerateRequest:
-    sampling.setdefault("max_tokens", MAX_TOKENS)
-    sampling.setdefault("ignore_eos", True)
-    return generation_pb2.GenerateRequest(prompt=prompt, sampling=generation_pb2.SamplingOptions(**sampling))
-
-
-def _generate_all(cluster: Cluster, requests, concurrency: int = 8):
-    stub = _stub(cluster)
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda r: stub.Generate(r, timeout=300), requests))
-
-
-def _is_near_tie(llm: LLM, prompt: str, expected: list[int], got: list[int]) -> bool:
-    from minedraft.model_runner import ForwardChunk
-
-    first = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
-    runner = llm.verifier.runner
-    logits = runner.forward([ForwardChunk("tie", llm.tokenizer.encode(prompt) + expected[:first])])[0]
-    runner.free("tie")
-    top2 = logits.topk(2).values
-    return float(top2[0] - top2[1]) < NEAR_TIE
-
-
-def _free_blocks(cluster: Cluster) -> dict[str, int]:
-    counts = {}
-    for name, address, stub_cls in [("verifier", cluster.verifier_address, engine_pb2_grpc.VerifierStub),
-                                    ("drafter", cluster.drafter_address, engine_pb2_grpc.DrafterStub)]:
-        if address:
-            info = stub_cls(grpc.insecure_channel(address)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
-            counts[name] = (info.free_blocks, info.num_blocks)
-    return counts
-
-
-def _assert_blocks_returned(cluster: Cluster) -> None:
-    deadline = time.monotonic() + 10
-    while True:
-        counts = _free_blocks(cluster)
-        if all(free == total for free, total in counts.values()) or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert all(free == total for free, total in counts.values()), counts
 
 
 @pytest.mark.parametrize("mode,k", [("ar", 0), ("sd", 1), ("sd", 3), ("sd", 5), ("psd", 1), ("psd", 3), ("psd", 5)])

@@ -1,8 +1,13 @@
-"""Start the verifier service: `python -m verifier_svc --model DIR --port N`.
+"""Start the verifier service: `python -m verifier_svc --model DIR --port N [--tp N]`.
 
-One process holds the whole target for now. Tensor parallelism will run the verifier as N
-ranks of one process group, with rank 0 serving this gRPC API and handing each step to
-the others; nothing in the servicer assumes a single rank beyond this entry point.
+The verifier runs as N tensor-parallel ranks of one process group. Rank 0 serves the gRPC
+API and hands each step to the others (see `steps.py`). Three ways to start the ranks:
+
+  --tp N                      this process is rank 0 and starts ranks 1..N-1 itself
+  --tp N --tp-rank R --tp-address HOST:PORT
+                              exactly one rank (multi-host, or your own process manager)
+  torchrun --nproc-per-node N -m verifier_svc ...
+                              RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT are read
 """
 
 from __future__ import annotations
@@ -10,13 +15,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
+import subprocess
+import sys
 
 from minedraft import bundled
-from minedraft.model_runner import ModelRunner
-from minedraft.service import add_runner_args, place_process, run, runner_config, start_server
-from minedraft.v1 import engine_pb2_grpc
-from minedraft.verifier import Verifier
-from verifier_svc.servicer import VerifierServicer
+from minedraft.service import (add_runner_args, advertised_host, parse_cpus, place_process, run, runner_config,
+                               start_server)
 
 logger = logging.getLogger("minedraft.verifier")
 
@@ -25,59 +31,131 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="verifier_svc", description="MineDraft verifier (target model)")
     add_runner_args(parser, default_model=bundled.TARGET)
     parser.add_argument("--port", type=int, default=50061)
+    parser.add_argument("--advertise-host", default="",
+                        help="host name drafters reach this verifier's data plane at "
+                             "(default: --host, or this machine's address when binding all interfaces; "
+                             "'auto' = this machine's address)")
     parser.add_argument("--data-plane", default="gloo", choices=["gloo", "nccl", "inband"],
-                        help="how drafts arrive: a torch.distributed pair group, or gRPC in-band")
-    parser.add_argument("--data-plane-port", type=int, default=0,
-                        help="rendezvous port of the pair group (required for gloo/nccl)")
+                        help="how drafts arrive: a torch.distributed pair group per drafter, or gRPC in-band")
+    parser.add_argument("--tp", "--tp-size", dest="tp", type=int, default=0,
+                        help="tensor-parallel ranks (default: WORLD_SIZE from torchrun, else 1)")
+    parser.add_argument("--tp-rank", type=int, default=None,
+                        help="run only this rank (default: RANK from torchrun, else rank 0 starting the rest)")
+    parser.add_argument("--tp-address", default="",
+                        help="HOST:PORT of rank 0's rendezvous store (default: MASTER_ADDR:MASTER_PORT, "
+                             "or a free local port when this process starts the ranks)")
     parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
+    env = os.environ
+    if args.tp_rank is None and "RANK" in env and "WORLD_SIZE" in env:     # torchrun
+        args.tp_rank, args.tp = int(env["RANK"]), int(env["WORLD_SIZE"])
+        args.tp_address = args.tp_address or f"{env.get('MASTER_ADDR', '127.0.0.1')}:{env.get('MASTER_PORT', '29500')}"
+    args.tp = args.tp or 1
+    if args.tp < 1:
+        parser.error(f"--tp must be >= 1, got {args.tp}")
+    if args.tp_rank is not None and not 0 <= args.tp_rank < args.tp:
+        parser.error(f"--tp-rank must be in [0, {args.tp}), got {args.tp_rank}")
+    if args.tp_rank is not None and args.tp > 1 and not args.tp_address:
+        parser.error("--tp-rank needs --tp-address HOST:PORT (rank 0's rendezvous store)")
     return args
 
 
-async def serve(args: argparse.Namespace) -> None:
-    from minedraft.data_plane import DistributedDraftReceiver, InBandDraftReceiver
+def rank_device(device: str, rank: int, tp: int) -> str:
+    """'cuda' -> cuda:<local rank>; 'cuda:N' -> cuda:<N + local rank>; cpu stays cpu."""
+    if tp == 1 or not device.startswith("cuda"):
+        return device
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    _, _, index = device.partition(":")
+    return f"cuda:{int(index or 0) + local}"
 
-    place_process(args.cpus)
-    verifier = Verifier(ModelRunner(runner_config(args)), synthetic_acceptance=args.synthetic_acceptance)
+
+def rank_cpus(cpus: str, rank: int, tp: int) -> str:
+    """Split a --cpus list evenly over the ranks when there is at least one core each."""
+    cores = sorted(parse_cpus(cpus))
+    if tp == 1 or len(cores) < tp:
+        return cpus
+    share = len(cores) // tp
+    return ",".join(str(c) for c in cores[rank * share:(rank + 1) * share])
+
+
+def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subprocess.Popen]:
+    if not args.tp_address:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            args.tp_address = f"127.0.0.1:{sock.getsockname()[1]}"
+    base = [sys.executable, "-m", "verifier_svc", *argv, "--tp", str(args.tp), "--tp-address", args.tp_address]
+    return [subprocess.Popen(base + ["--tp-rank", str(rank)]) for rank in range(1, args.tp)]
+
+
+def _build(args: argparse.Namespace, rank: int):
+    from minedraft.model_runner import ModelRunner
+    from minedraft.parallel import TPGroup
+    from minedraft.verifier import Verifier
+    from verifier_svc.steps import StepExecutor
+
+    device = rank_device(args.device, rank, args.tp)
+    place_process(rank_cpus(args.cpus, rank, args.tp))
+    if args.tp == 1:
+        tp = TPGroup.single()
+    else:
+        host, _, port = args.tp_address.rpartition(":")
+        tp = TPGroup.create(rank, args.tp, host, int(port), backend="nccl" if device.startswith("cuda") else "gloo",
+                            device=device)
+    config = runner_config(args, device=device)
+    verifier = Verifier(ModelRunner(config, tp=tp), synthetic_acceptance=args.synthetic_acceptance)
+    return StepExecutor(verifier, tp)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from minedraft.data_plane import DraftPairings
+    from minedraft.v1 import engine_pb2_grpc
+    from verifier_svc.servicer import VerifierServicer
+
+    executor = await asyncio.get_running_loop().run_in_executor(None, _build, args, 0)
     if args.synthetic_acceptance is not None:
         logger.warning("BENCHMARK MODE: drafts are accepted with probability %.2f whatever the "
                        "models say; outputs are not the target model's", args.synthetic_acceptance)
-    receiver = None
-    address = ""
-    if args.data_plane == "inband":
-        receiver = InBandDraftReceiver()
-    else:
-        if not args.data_plane_port:
-            raise SystemExit("--data-plane-port is required for the gloo and nccl data planes")
-        address = f"{args.host}:{args.data_plane_port}"
-    servicer = VerifierServicer(verifier, receiver, args.data_plane, address, args.model)
+    pairings = DraftPairings(args.data_plane, args.host, advertised_host(args.host, args.advertise_host),
+                             device=executor.device)
+    servicer = VerifierServicer(executor, pairings, args.model)
     server, port = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
                                       args.host, args.port, ["minedraft.v1.Verifier"])
-    logger.info("verifier serving %s on %s:%d (data plane %s)", args.model, args.host, port, args.data_plane)
-    if args.data_plane != "inband":
-        # The pair group forms when the drafter joins; it is built on the compute thread,
-        # so steps queue behind it until then.
-        def connect() -> None:
-            servicer.receiver = DistributedDraftReceiver(args.host, args.data_plane_port,
-                                                         backend=args.data_plane, device=args.device)
-            logger.info("data plane %s formed on %s", args.data_plane, address)
-
-        await asyncio.get_running_loop().run_in_executor(servicer.compute, connect)
+    logger.info("verifier serving %s on %s:%d (tp %d, data plane %s)", args.model, args.host, port,
+                args.tp, args.data_plane)
     try:
         await server.wait_for_termination()
     finally:
         await server.stop(grace=1.0)
-        if servicer.receiver is not None:
-            servicer.receiver.close()
+        await asyncio.get_running_loop().run_in_executor(servicer.compute, executor.stop_followers)
+        pairings.close()
+
+
+def follow(args: argparse.Namespace) -> None:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    executor = _build(args, args.tp_rank)
+    logger.info("verifier rank %d/%d ready", args.tp_rank, args.tp)
+    executor.follow()
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    run(lambda: serve(args), args.log_level)
+    if args.tp_rank not in (None, 0):
+        follow(args)
+        return
+    followers = _spawn_followers(args, argv) if args.tp > 1 and args.tp_rank is None else []
+    try:
+        run(lambda: serve(args), args.log_level)
+    finally:
+        for proc in followers:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
 
 
 if __name__ == "__main__":

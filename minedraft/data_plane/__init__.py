@@ -9,16 +9,20 @@ against them. Two transports share one interface (`payload.py`):
   several drafters (one rendezvous port each). Gloo on CPU, NCCL on GPU. The verifier is rank
   0 and hosts the store; the drafter is rank 1. A small header announces each payload, so the
   verifier can receive it before its control message arrives.
+- `pairings.py`: the verifier's side of a drafter pool: one pairing (of either transport)
+  per drafter, formed when the drafter joins, dropped when it dies.
 - `inband.py`: the fallback when no process group can be formed; payloads ride a gRPC call
   (`PutDrafts`) that the services make. No gRPC or protobuf here: `encode_payload` /
   `decode_payload` convert to and from the message's fields.
 """
 
-from minedraft.data_plane.distributed import DistributedDraftReceiver, DistributedDraftSender, connect_pair
+from minedraft.data_plane.distributed import (DistributedDraftReceiver, DistributedDraftSender, connect_pair,
+                                             listen_store)
 from minedraft.data_plane.inband import InBandDraftReceiver, InBandDraftSender, decode_payload, encode_payload
 from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_TAG, VERIFIER_RANK, DraftPayload, DraftReceiver,
                                           DraftSender, empty_payload, step_tags)
+from minedraft.data_plane.pairings import DraftPairings
 
 __all__ = ["DRAFTER_RANK", "HEADER_TAG", "VERIFIER_RANK", "DistributedDraftReceiver", "DistributedDraftSender",
-           "DraftPayload", "DraftReceiver", "DraftSender", "InBandDraftReceiver", "InBandDraftSender",
-           "connect_pair", "decode_payload", "empty_payload", "encode_payload", "step_tags"]
+           "DraftPairings", "DraftPayload", "DraftReceiver", "DraftSender", "InBandDraftReceiver", "InBandDraftSender",
+           "connect_pair", "decode_payload", "empty_payload", "encode_payload", "listen_store", "step_tags"]

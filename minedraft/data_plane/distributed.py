@@ -13,15 +13,24 @@ from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_TAG
                                           _header, _TransferMeter, empty_payload, step_tags)
 
 
+def listen_store(host: str, port: int = 0, timeout_s: float = 60.0) -> dist.TCPStore:
+    """The verifier's rendezvous store for one pairing; port 0 takes any free port
+    (read it back from `store.port`), so pairings never collide on one host."""
+    return dist.TCPStore(host, port, world_size=2, is_master=True, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout_s))
+
+
 def _form_pair_group(host: str, port: int, rank: int, backend: str, device: torch.device,
-                     timeout: timedelta) -> tuple[dist.TCPStore, dist.Backend]:
+                     timeout: timedelta, store: dist.TCPStore | None = None
+                     ) -> tuple[dist.TCPStore, dist.Backend]:
     """A private two-rank group: its own store, constructed directly, no default group."""
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"data-plane backend must be 'gloo' or 'nccl', got {backend!r}")
     if backend == "nccl" and device.type != "cuda":
         raise ValueError(f"backend 'nccl' needs a cuda device, got {device}")
-    store = dist.TCPStore(host, port, world_size=2, is_master=(rank == VERIFIER_RANK),
-                          timeout=timeout)
+    if store is None:
+        store = dist.TCPStore(host, port, world_size=2, is_master=(rank == VERIFIER_RANK),
+                              timeout=timeout)
     if backend == "gloo":
         return store, dist.ProcessGroupGloo(store, rank, 2, timeout)
     if not hasattr(dist, "ProcessGroupNCCL"):
@@ -45,12 +54,13 @@ def _wait(work: dist.Work, timeout: timedelta, step_id: int, what: str) -> None:
 
 class _DistributedEnd(_TransferMeter):
     def __init__(self, host: str, port: int, rank: int, backend: str,
-                 device: torch.device | str, connect_timeout_s: float) -> None:
+                 device: torch.device | str, connect_timeout_s: float,
+                 store: dist.TCPStore | None = None) -> None:
         super().__init__()
         self.device = torch.device(device)
         self.backend = backend
         self._store, self._group = _form_pair_group(
-            host, port, rank, backend, self.device, timedelta(seconds=connect_timeout_s))
+            host, port, rank, backend, self.device, timedelta(seconds=connect_timeout_s), store)
 
     def close(self) -> None:
         """Release the communicator; the store goes with this object."""
@@ -95,8 +105,11 @@ class DistributedDraftReceiver(_DistributedEnd):
     """
 
     def __init__(self, host: str, port: int, backend: str = "gloo",
-                 device: torch.device | str = "cpu", connect_timeout_s: float = 60.0) -> None:
-        super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s)
+                 device: torch.device | str = "cpu", connect_timeout_s: float = 60.0,
+                 store: dist.TCPStore | None = None) -> None:
+        """store: a `listen_store` made beforehand (so its port can be handed to the drafter
+        before this blocks until the drafter joins); host and port are then unused."""
+        super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s, store)
         self._ready: dict[int, DraftPayload] = {}
         self._error: BaseException | None = None
         self._cond = threading.Condition()

@@ -66,36 +66,48 @@ class DraftStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., send_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., free_blocks: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
-    __slots__ = ("request_id", "num_draft")
+    __slots__ = ("request_id", "num_draft", "source")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_draft: int
-    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
+    source: int
+    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ..., source: _Optional[int] = ...) -> None: ...
+
+class DraftSource(_message.Message):
+    __slots__ = ("drafter_id", "draft_step_id", "with_probs")
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
+    drafter_id: str
+    draft_step_id: int
+    with_probs: bool
+    def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "finished", "items", "draft_step_id", "with_probs")
+    __slots__ = ("step_id", "new_requests", "finished", "items", "sources")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
-    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     finished: _containers.RepeatedScalarFieldContainer[str]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
-    draft_step_id: int
-    with_probs: bool
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+    sources: _containers.RepeatedCompositeFieldContainer[DraftSource]
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
-    __slots__ = ("request_id", "token_ids")
+    __slots__ = ("request_id", "token_ids", "num_draft")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    num_draft: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class VerifyStepResponse(_message.Message):
     __slots__ = ("step_id", "results", "busy_s", "recv_s", "free_blocks")
@@ -112,18 +124,20 @@ class VerifyStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., free_blocks: _Optional[int] = ...) -> None: ...
 
 class DraftPayload(_message.Message):
-    __slots__ = ("step_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")
+    __slots__ = ("step_id", "drafter_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
     PROBS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
+    drafter_id: str
     draft_token_ids: bytes
     draft_probs: bytes
     probs_dtype: str
     num_tokens: int
-    def __init__(self, step_id: _Optional[int] = ..., draft_token_ids: _Optional[bytes] = ..., draft_probs: _Optional[bytes] = ..., probs_dtype: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., drafter_id: _Optional[str] = ..., draft_token_ids: _Optional[bytes] = ..., draft_probs: _Optional[bytes] = ..., probs_dtype: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class PutDraftsResponse(_message.Message):
     __slots__ = ()
@@ -134,7 +148,7 @@ class EngineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address", "synthetic_acceptance")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address", "synthetic_acceptance", "drafter_id", "tp_size")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +160,8 @@ class EngineInfo(_message.Message):
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -157,4 +173,30 @@ class EngineInfo(_message.Message):
     data_plane: str
     data_plane_address: str
     synthetic_acceptance: float
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ...) -> None: ...
+    drafter_id: str
+    tp_size: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ..., drafter_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
+
+class ConnectDrafterRequest(_message.Message):
+    __slots__ = ("drafter_id",)
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    drafter_id: str
+    def __init__(self, drafter_id: _Optional[str] = ...) -> None: ...
+
+class ConnectDrafterResponse(_message.Message):
+    __slots__ = ("data_plane", "address")
+    DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    data_plane: str
+    address: str
+    def __init__(self, data_plane: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class DisconnectDrafterRequest(_message.Message):
+    __slots__ = ("drafter_id",)
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    drafter_id: str
+    def __init__(self, drafter_id: _Optional[str] = ...) -> None: ...
+
+class DisconnectDrafterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -164,6 +164,16 @@ class VerifierStub:
                 request_serializer=minedraft_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
                 response_deserializer=minedraft_dot_v1_dot_engine__pb2.EngineInfo.FromString,
                 _registered_method=True)
+        self.ConnectDrafter = channel.unary_unary(
+                '/minedraft.v1.Verifier/ConnectDrafter',
+                request_serializer=minedraft_dot_v1_dot_engine__pb2.ConnectDrafterRequest.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_engine__pb2.ConnectDrafterResponse.FromString,
+                _registered_method=True)
+        self.DisconnectDrafter = channel.unary_unary(
+                '/minedraft.v1.Verifier/DisconnectDrafter',
+                request_serializer=minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterRequest.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterResponse.FromString,
+                _registered_method=True)
 
 
 class VerifierServicer:
@@ -187,6 +197,18 @@ class VerifierServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConnectDrafter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DisconnectDrafter(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_VerifierServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -204,6 +226,16 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.GetInfo,
                     request_deserializer=minedraft_dot_v1_dot_engine__pb2.EngineInfoRequest.FromString,
                     response_serializer=minedraft_dot_v1_dot_engine__pb2.EngineInfo.SerializeToString,
+            ),
+            'ConnectDrafter': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConnectDrafter,
+                    request_deserializer=minedraft_dot_v1_dot_engine__pb2.ConnectDrafterRequest.FromString,
+                    response_serializer=minedraft_dot_v1_dot_engine__pb2.ConnectDrafterResponse.SerializeToString,
+            ),
+            'DisconnectDrafter': grpc.unary_unary_rpc_method_handler(
+                    servicer.DisconnectDrafter,
+                    request_deserializer=minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterRequest.FromString,
+                    response_serializer=minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -287,6 +319,60 @@ class Verifier:
             '/minedraft.v1.Verifier/GetInfo',
             minedraft_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
             minedraft_dot_v1_dot_engine__pb2.EngineInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConnectDrafter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.Verifier/ConnectDrafter',
+            minedraft_dot_v1_dot_engine__pb2.ConnectDrafterRequest.SerializeToString,
+            minedraft_dot_v1_dot_engine__pb2.ConnectDrafterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DisconnectDrafter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.Verifier/DisconnectDrafter',
+            minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterRequest.SerializeToString,
+            minedraft_dot_v1_dot_engine__pb2.DisconnectDrafterResponse.FromString,
             options,
             channel_credentials,
             insecure,

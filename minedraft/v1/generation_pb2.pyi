@@ -151,3 +151,35 @@ class StepStats(_message.Message):
     STEPS_FIELD_NUMBER: _ClassVar[int]
     steps: _containers.RepeatedCompositeFieldContainer[StepRecord]
     def __init__(self, steps: _Optional[_Iterable[_Union[StepRecord, _Mapping]]] = ...) -> None: ...
+
+class DrafterEndpoint(_message.Message):
+    __slots__ = ("address",)
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    def __init__(self, address: _Optional[str] = ...) -> None: ...
+
+class DrafterStatus(_message.Message):
+    __slots__ = ("address", "drafter_id", "num_requests", "reserved_blocks", "num_blocks", "requests_assigned")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    drafter_id: str
+    num_requests: int
+    reserved_blocks: int
+    num_blocks: int
+    requests_assigned: int
+    def __init__(self, address: _Optional[str] = ..., drafter_id: _Optional[str] = ..., num_requests: _Optional[int] = ..., reserved_blocks: _Optional[int] = ..., num_blocks: _Optional[int] = ..., requests_assigned: _Optional[int] = ...) -> None: ...
+
+class ListDraftersRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PoolStatus(_message.Message):
+    __slots__ = ("drafters",)
+    DRAFTERS_FIELD_NUMBER: _ClassVar[int]
+    drafters: _containers.RepeatedCompositeFieldContainer[DrafterStatus]
+    def __init__(self, drafters: _Optional[_Iterable[_Union[DrafterStatus, _Mapping]]] = ...) -> None: ...

@@ -25,6 +25,164 @@ if _version_not_supported:
     )
 
 
+class DrafterPoolStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Register = channel.unary_unary(
+                '/minedraft.v1.DrafterPool/Register',
+                request_serializer=minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+                _registered_method=True)
+        self.Deregister = channel.unary_unary(
+                '/minedraft.v1.DrafterPool/Deregister',
+                request_serializer=minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/minedraft.v1.DrafterPool/List',
+                request_serializer=minedraft_dot_v1_dot_generation__pb2.ListDraftersRequest.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+                _registered_method=True)
+
+
+class DrafterPoolServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Register(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Deregister(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DrafterPoolServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.FromString,
+                    response_serializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.SerializeToString,
+            ),
+            'Deregister': grpc.unary_unary_rpc_method_handler(
+                    servicer.Deregister,
+                    request_deserializer=minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.FromString,
+                    response_serializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=minedraft_dot_v1_dot_generation__pb2.ListDraftersRequest.FromString,
+                    response_serializer=minedraft_dot_v1_dot_generation__pb2.PoolStatus.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'minedraft.v1.DrafterPool', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('minedraft.v1.DrafterPool', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DrafterPool:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.DrafterPool/Register',
+            minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.SerializeToString,
+            minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Deregister(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.DrafterPool/Deregister',
+            minedraft_dot_v1_dot_generation__pb2.DrafterEndpoint.SerializeToString,
+            minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.DrafterPool/List',
+            minedraft_dot_v1_dot_generation__pb2.ListDraftersRequest.SerializeToString,
+            minedraft_dot_v1_dot_generation__pb2.PoolStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
 class GenerationStub:
     """Missing associated documentation comment in .proto file."""
 

@@ -1,0 +1,107 @@
+"""The drafter pool: any number of drafters, joining and leaving at run time.
+
+Each request lives on one drafter (its draft KV is there). New requests go to the
+least-loaded drafter that can hold them; a drafter that leaves or dies hands its requests
+back to the Batch Manager, which re-homes them (re-prefilled from their verified tokens) or,
+with no drafter left, keeps them going at k = 0 on the verifier.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import grpc
+
+from minedraft.service import wait_healthy
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
+
+logger = logging.getLogger("minedraft.gateway")
+
+
+@dataclass(eq=False)
+class DrafterHandle:
+    address: str
+    drafter_id: str
+    model: str
+    num_blocks: int
+    channel: grpc.aio.Channel
+    stub: engine_pb2_grpc.DrafterStub
+    reserved_blocks: int = 0
+    requests_assigned: int = 0
+    request_ids: set[str] = field(default_factory=set)
+    pending_frees: list[str] = field(default_factory=list)   # finished requests to free there
+    live: bool = True
+
+    def status(self) -> generation_pb2.DrafterStatus:
+        return generation_pb2.DrafterStatus(address=self.address, drafter_id=self.drafter_id,
+                                            num_requests=len(self.request_ids),
+                                            reserved_blocks=self.reserved_blocks, num_blocks=self.num_blocks,
+                                            requests_assigned=self.requests_assigned)
+
+
+class PoolError(ValueError):
+    """A drafter cannot join: its address is malformed or its model does not fit the target."""
+
+
+class DrafterUnreachable(PoolError):
+    """A drafter cannot join because it does not answer."""
+
+
+class DrafterPool:
+    def __init__(self, target: engine_pb2.EngineInfo, connect_timeout_s: float = 30.0) -> None:
+        self.target = target
+        self.connect_timeout_s = connect_timeout_s
+        self.drafters: dict[str, DrafterHandle] = {}       # by address
+
+    def __len__(self) -> int:
+        return len(self.drafters)
+
+    async def add(self, address: str) -> DrafterHandle:
+        if not address or ":" not in address:
+            raise PoolError(f"address: expected HOST:PORT, got {address!r}")
+        if address in self.drafters:
+            return self.drafters[address]
+        try:
+            await wait_healthy(address, self.connect_timeout_s)
+        except TimeoutError as err:
+            raise DrafterUnreachable(f"address: drafter {address} is not reachable: {err}") from err
+        channel = grpc.aio.insecure_channel(address)
+        stub = engine_pb2_grpc.DrafterStub(channel)
+        try:
+            info = await stub.GetInfo(engine_pb2.EngineInfoRequest(), timeout=self.connect_timeout_s)
+        except grpc.aio.AioRpcError as err:
+            await channel.close()
+            raise DrafterUnreachable(f"address: {address} does not answer as a drafter: {err.details()}") from err
+        problem = None
+        if info.vocab_size != self.target.vocab_size:
+            problem = f"draft vocab {info.vocab_size} != target vocab {self.target.vocab_size}"
+        elif info.dtype != self.target.dtype:
+            problem = f"draft dtype {info.dtype} != target dtype {self.target.dtype}"
+        elif info.block_size != self.target.block_size:     # admission counts both in one block size
+            problem = f"draft block size {info.block_size} != target block size {self.target.block_size}"
+        if problem:
+            await channel.close()
+            raise PoolError(f"address: drafter {address}: {problem}")
+        handle = DrafterHandle(address, info.drafter_id, info.model, info.num_blocks, channel, stub)
+        self.drafters[address] = handle
+        logger.info("drafter %s (%s) joined the pool (%d drafters)", address, info.drafter_id[:8], len(self))
+        return handle
+
+    def remove(self, address: str) -> DrafterHandle | None:
+        """Take a drafter out of the pool; the caller re-homes its requests."""
+        handle = self.drafters.pop(address, None)
+        if handle is not None:
+            handle.live = False
+            logger.info("drafter %s left the pool (%d drafters)", address, len(self))
+        return handle
+
+    def choose(self, need_blocks: int) -> DrafterHandle | None:
+        """The least-loaded drafter with room for `need_blocks` more KV blocks."""
+        fits = [h for h in self.drafters.values() if h.reserved_blocks + need_blocks <= h.num_blocks]
+        if not fits:
+            return None
+        return min(fits, key=lambda h: (len(h.request_ids), h.reserved_blocks))
+
+    def status(self) -> generation_pb2.PoolStatus:
+        return generation_pb2.PoolStatus(drafters=[h.status() for h in self.drafters.values()])

@@ -1,0 +1,122 @@
+"""The verifier's ends of the data plane: one pairing per drafter in the pool.
+
+A drafter joining the pool asks for a pairing (`connect`): in-band it is a mailbox for its
+PutDrafts calls; with gloo or NCCL it is a private two-rank group on a fresh rendezvous
+store (any free port), formed on a background thread while the drafter joins from its
+side. Nothing here restarts when the pool changes.
+
+A pairing that fails (its drafter died, so gloo reports the connection closed; or its
+drafts never came) is dropped, and `recv` answers None: the caller verifies those
+requests without drafts (a plain autoregressive step, which is lossless) instead of
+failing the batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import torch
+
+from minedraft.data_plane.distributed import DistributedDraftReceiver, listen_store
+from minedraft.data_plane.inband import InBandDraftReceiver
+from minedraft.data_plane.payload import DraftPayload, DraftReceiver
+
+logger = logging.getLogger("minedraft.data_plane")
+
+
+class _Pairing:
+    def __init__(self) -> None:
+        self.formed = threading.Event()
+        self.receiver: DraftReceiver | None = None
+        self.error: BaseException | None = None
+
+
+class DraftPairings:
+    def __init__(self, backend: str, bind_host: str, advertise_host: str,
+                 device: torch.device | str = "cpu", connect_timeout_s: float = 120.0) -> None:
+        if backend not in ("gloo", "nccl", "inband"):
+            raise ValueError(f"data plane must be 'gloo', 'nccl' or 'inband', got {backend!r}")
+        self.backend = backend
+        self.bind_host, self.advertise_host = bind_host, advertise_host
+        self.device = torch.device(device)
+        self.connect_timeout_s = connect_timeout_s
+        self._pairings: dict[str, _Pairing] = {}
+        self._lock = threading.Lock()
+        self.bytes_moved = 0
+        self.seconds = 0.0
+
+    def __contains__(self, drafter_id: str) -> bool:
+        return drafter_id in self._pairings
+
+    def connect(self, drafter_id: str) -> str:
+        """Open a pairing for a joining drafter; -> the rendezvous address it must join
+        ('' in-band). A drafter that connects again replaces its old pairing."""
+        if not drafter_id:
+            raise ValueError("drafter_id: empty")
+        self.disconnect(drafter_id)
+        pairing = _Pairing()
+        if self.backend == "inband":
+            pairing.receiver = InBandDraftReceiver()
+            pairing.formed.set()
+            address = ""
+        else:
+            store = listen_store(self.bind_host, 0, self.connect_timeout_s)
+            address = f"{self.advertise_host}:{store.port}"
+            threading.Thread(target=self._form, args=(drafter_id, pairing, store),
+                             name=f"pair-{drafter_id[:8]}", daemon=True).start()
+        with self._lock:
+            self._pairings[drafter_id] = pairing
+        return address
+
+    def _form(self, drafter_id: str, pairing: _Pairing, store) -> None:
+        try:
+            pairing.receiver = DistributedDraftReceiver(
+                self.bind_host, store.port, backend=self.backend, device=self.device,
+                connect_timeout_s=self.connect_timeout_s, store=store)
+            logger.info("data plane %s paired with drafter %s", self.backend, drafter_id)
+        except BaseException as err:                      # the drafter never joined
+            pairing.error = err
+            logger.warning("drafter %s did not join its data-plane pairing: %s", drafter_id, err)
+        finally:
+            pairing.formed.set()
+
+    def deliver(self, drafter_id: str, payload: DraftPayload) -> None:
+        """In-band: a PutDrafts call's payload."""
+        pairing = self._pairings.get(drafter_id)
+        if pairing is None or not isinstance(pairing.receiver, InBandDraftReceiver):
+            raise KeyError(f"drafter_id: {drafter_id!r} has no in-band pairing with this verifier")
+        pairing.receiver.deliver(payload)
+
+    def recv(self, drafter_id: str, step_id: int, num_tokens: int, with_probs: bool,
+             vocab_size: int, dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload | None:
+        """One drafter step's drafts, or None when they are lost with their drafter."""
+        pairing = self._pairings.get(drafter_id)
+        if pairing is None:
+            logger.warning("step %d: drafts from unknown drafter %s are lost", step_id, drafter_id)
+            return None
+        try:
+            if not pairing.formed.wait(timeout_s) or pairing.receiver is None:
+                raise TimeoutError(f"pairing with drafter {drafter_id} not formed") from pairing.error
+            payload = pairing.receiver.recv(step_id, num_tokens, with_probs, vocab_size, dtype, timeout_s)
+        except (RuntimeError, TimeoutError) as err:
+            logger.warning("drafter %s: drafts of step %d lost (%s); dropping its pairing",
+                           drafter_id, step_id, err)
+            self.disconnect(drafter_id)
+            return None
+        self.bytes_moved += pairing.receiver.last_bytes
+        self.seconds += pairing.receiver.last_seconds
+        return payload
+
+    def disconnect(self, drafter_id: str) -> None:
+        with self._lock:
+            pairing = self._pairings.pop(drafter_id, None)
+        if pairing is not None and pairing.receiver is not None:
+            try:
+                pairing.receiver.close()
+            except RuntimeError as err:                   # the peer may already be gone
+                logger.debug("closing pairing with %s: %s", drafter_id, err)
+
+    def close(self) -> None:
+        for drafter_id in list(self._pairings):
+            self.disconnect(drafter_id)

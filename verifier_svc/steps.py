@@ -1,0 +1,161 @@
+"""One verify step, executed identically on every tensor-parallel rank.
+
+Rank 0 (the driver) collects the step's drafts from the data plane (one pairing per
+drafter), resolves what it will verify, and broadcasts that to the other ranks: the step's
+control message, rewritten so it names no drafter (each item's num_draft is what arrived,
+0 for drafts lost with their drafter), then the flat draft tokens and probabilities. Every
+rank then runs the same deterministic code on the same inputs (the logits are gathered to
+full vocabulary on each rank and sampling noise is keyed by seed and position), so their
+request tables and KV caches stay in lockstep with no further communication.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from minedraft.data_plane import DraftPairings
+from minedraft.parallel import TPGroup
+from minedraft.protocol import params_from_proto
+from minedraft.v1 import engine_pb2
+from minedraft.verifier import Verifier
+
+logger = logging.getLogger("minedraft.verifier")
+_STOP = b""          # broadcast to the followers when the driver shuts down
+
+
+class StepExecutor:
+    def __init__(self, verifier: Verifier, tp: TPGroup) -> None:
+        self.verifier = verifier
+        self.tp = tp
+        runner = verifier.runner
+        self.vocab_size, self.dtype, self.device = runner.vocab_size, runner.config.torch_dtype, runner.device
+
+    # ---- rank 0 --------------------------------------------------------------------------
+    def lead(self, request: engine_pb2.VerifyStepRequest,
+             pairings: DraftPairings | None) -> engine_pb2.VerifyStepResponse:
+        resolved, token_ids, probs, recv_s = self._collect(request, pairings)
+        if self.tp.size > 1:
+            self.tp.broadcast_bytes(resolved.SerializeToString())
+            token_ids, probs = self._broadcast_drafts(resolved, token_ids, probs)
+        response = self.execute(resolved, token_ids, probs)
+        response.recv_s = recv_s
+        return response
+
+    def stop_followers(self) -> None:
+        if self.tp.size > 1:
+            self.tp.broadcast_bytes(_STOP)
+
+    def _collect(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None):
+        """-> (request naming no drafter, flat draft tokens [n], probs [n, V] or None, seconds)."""
+        items = list(request.items)
+        for item in items:
+            if item.num_draft and item.source >= len(request.sources):
+                raise ValueError(f"items: {item.request_id!r} names draft source {item.source}, "
+                                 f"but the step has {len(request.sources)}")
+        per_source: list[torch.Tensor | None] = []
+        probs_by_source: list[torch.Tensor | None] = []
+        start = time.perf_counter()
+        for index, source in enumerate(request.sources):
+            count = sum(item.num_draft for item in items if item.source == index)
+            payload = None
+            if count:
+                if pairings is None:
+                    raise ValueError("drafts expected but this verifier has no data plane")
+                payload = pairings.recv(source.drafter_id, source.draft_step_id, count, source.with_probs,
+                                        self.vocab_size, self.dtype)
+            per_source.append(None if payload is None else payload.token_ids.to(self.device))
+            probs_by_source.append(None if payload is None or payload.probs is None
+                                   else payload.probs.to(self.device))
+        recv_s = time.perf_counter() - start
+        any_probs = any(p is not None for p in probs_by_source)
+        offsets = [0] * len(request.sources)
+        token_parts, prob_parts = [], []
+        resolved = engine_pb2.VerifyStepRequest(step_id=request.step_id, new_requests=request.new_requests,
+                                                finished=request.finished)
+        for item in items:
+            k = item.num_draft
+            tokens = per_source[item.source] if k else None
+            if tokens is None:          # no drafts, or lost with their drafter: verify k = 0
+                resolved.items.add(request_id=item.request_id, num_draft=0)
+                continue
+            start_row = offsets[item.source]
+            offsets[item.source] += k
+            token_parts.append(tokens[start_row:start_row + k])
+            if any_probs:
+                source_probs = probs_by_source[item.source]
+                if source_probs is None:    # a greedy drafter's proposal is one-hot
+                    source_probs_rows = torch.nn.functional.one_hot(
+                        tokens[start_row:start_row + k], self.vocab_size).to(self.dtype)
+                else:
+                    source_probs_rows = source_probs[start_row:start_row + k]
+                prob_parts.append(source_probs_rows)
+            resolved.items.add(request_id=item.request_id, num_draft=k)
+        if any_probs and prob_parts:
+            resolved.sources.add(with_probs=True)
+        token_ids = (torch.cat(token_parts) if token_parts
+                     else torch.empty(0, dtype=torch.int64, device=self.device))
+        probs = torch.cat(prob_parts) if any_probs and prob_parts else None
+        return resolved, token_ids, probs, recv_s
+
+    def _broadcast_drafts(self, resolved, token_ids: torch.Tensor, probs: torch.Tensor | None):
+        total = sum(item.num_draft for item in resolved.items)
+        if total == 0:
+            return token_ids, probs
+        if token_ids is None:
+            token_ids = torch.empty(total, dtype=torch.int64, device=self.device)
+        self.tp.broadcast(token_ids)
+        with_probs = bool(resolved.sources) and resolved.sources[0].with_probs
+        if with_probs:
+            if probs is None:
+                probs = torch.empty(total, self.vocab_size, dtype=self.dtype, device=self.device)
+            self.tp.broadcast(probs)
+        return token_ids, probs
+
+    # ---- ranks > 0 -----------------------------------------------------------------------
+    def follow(self) -> None:
+        """Execute the driver's steps until it stops; errors are the driver's to report
+        (every rank meets the same ones, so their states stay equal)."""
+        while True:
+            data = self.tp.broadcast_bytes(None)
+            if data == _STOP:
+                logger.info("rank %d: driver stopped", self.tp.rank)
+                return
+            request = engine_pb2.VerifyStepRequest.FromString(data)
+            token_ids, probs = self._broadcast_drafts(request, None, None)
+            try:
+                self.execute(request, token_ids, probs)
+            except (ValueError, KeyError, RuntimeError) as err:
+                logger.debug("rank %d step %d: %s", self.tp.rank, request.step_id, err)
+
+    # ---- every rank ----------------------------------------------------------------------
+    def execute(self, request: engine_pb2.VerifyStepRequest, token_ids: torch.Tensor | None,
+                probs: torch.Tensor | None) -> engine_pb2.VerifyStepResponse:
+        """Apply frees and new requests, then verify the resolved items."""
+        verifier = self.verifier
+        for rid in request.finished:
+            verifier.remove_request(rid)
+        for new in request.new_requests:
+            verifier.add_request(new.request_id, list(new.token_ids), params_from_proto(new.sampling), new.seed)
+        start = time.perf_counter()
+        ks = [item.num_draft for item in request.items]
+        flat = token_ids.tolist() if token_ids is not None and token_ids.numel() else []
+        offsets = [0]
+        for k in ks:
+            offsets.append(offsets[-1] + k)
+        # Requests that finished or were cancelled after they were drafted: their drafts
+        # arrived with the batch's and are dropped here.
+        keep = [i for i, item in enumerate(request.items) if item.request_id in verifier]
+        items = [(request.items[i].request_id, flat[offsets[i]:offsets[i + 1]]) for i in keep]
+        if probs is not None and len(keep) < len(ks):
+            rows = [r for i in keep for r in range(offsets[i], offsets[i + 1])]
+            probs = probs[rows]
+        new_tokens = verifier.verify(items, None if probs is None else probs.float()) if items else []
+        busy_s = time.perf_counter() - start
+        return engine_pb2.VerifyStepResponse(
+            step_id=request.step_id, busy_s=busy_s,
+            free_blocks=verifier.runner.blocks.num_free_blocks,
+            results=[engine_pb2.VerifyResult(request_id=rid, token_ids=tokens, num_draft=len(drafts))
+                     for (rid, drafts), tokens in zip(items, new_tokens)])
