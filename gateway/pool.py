@@ -57,19 +57,21 @@ class DrafterPool:
     def __len__(self) -> int:
         return len(self.drafters)
 
-    async def add(self, address: str) -> DrafterHandle:
+    async def add(self, address: str, timeout_s: float | None = None) -> DrafterHandle:
+        """timeout_s: how long to wait for the drafter to answer (default: the pool's)."""
+        timeout_s = self.connect_timeout_s if timeout_s is None else timeout_s
         if not address or ":" not in address:
             raise PoolError(f"address: expected HOST:PORT, got {address!r}")
         if address in self.drafters:
             return self.drafters[address]
         try:
-            await wait_healthy(address, self.connect_timeout_s)
+            await wait_healthy(address, timeout_s)
         except TimeoutError as err:
             raise DrafterUnreachable(f"address: drafter {address} is not reachable: {err}") from err
         channel = grpc.aio.insecure_channel(address)
         stub = engine_pb2_grpc.DrafterStub(channel)
         try:
-            info = await stub.GetInfo(engine_pb2.EngineInfoRequest(), timeout=self.connect_timeout_s)
+            info = await stub.GetInfo(engine_pb2.EngineInfoRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as err:
             await channel.close()
             raise DrafterUnreachable(f"address: {address} does not answer as a drafter: {err.details()}") from err

@@ -162,8 +162,8 @@ class BatchManager:
         self.requests.pop(req.request_id, None)
 
     # ---- the drafter pool ----------------------------------------------------------------
-    async def add_drafter(self, address: str) -> None:
-        await self.pool.add(address)
+    async def add_drafter(self, address: str, timeout_s: float | None = None) -> None:
+        await self.pool.add(address, timeout_s)
         self._wakeup.set()
 
     def remove_drafter(self, address: str, graceful: bool = True) -> DrafterHandle | None:

@@ -116,6 +116,9 @@ def server_info(mode: str, k: int, max_batch: int, target: str, draft: str, num_
                                      draft_model=draft, max_batch=max_batch, num_drafters=num_drafters)
 
 
+REGISTER_TIMEOUT_S = 10.0
+
+
 class DrafterPoolServicer(generation_pb2_grpc.DrafterPoolServicer):
     """Drafters join and leave the pool at run time."""
 
@@ -126,7 +129,8 @@ class DrafterPoolServicer(generation_pb2_grpc.DrafterPoolServicer):
         if self.manager.pool is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this gateway runs in ar mode: no drafters")
         try:
-            await self.manager.add_drafter(request.address)
+            # A drafter that registers is already serving: it answers at once or not at all.
+            await self.manager.add_drafter(request.address, timeout_s=REGISTER_TIMEOUT_S)
         except PoolError as err:
             code = (grpc.StatusCode.UNAVAILABLE if isinstance(err, DrafterUnreachable)
                     else grpc.StatusCode.INVALID_ARGUMENT)

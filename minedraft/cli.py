@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from minedraft.client import DrafterInfo
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -56,6 +60,67 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drafters_table(drafters: list[DrafterInfo]) -> str:
+    """Address, id prefix, requests, reserved/total KV blocks and requests ever assigned."""
+    if not drafters:
+        return "no drafters in the pool"
+    header = ("ADDRESS", "ID", "REQUESTS", "BLOCKS", "ASSIGNED")
+    rows = [(d.address, d.drafter_id[:8], str(d.num_requests),
+             f"{d.reserved_blocks}/{d.num_blocks}", str(d.requests_assigned)) for d in drafters]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    text_columns = 2  # address and id align left, the numbers right
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = [cell.ljust(w) if i < text_columns else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths))]
+        return "  ".join(cells).rstrip()
+
+    return "\n".join(line(row) for row in (header, *rows))
+
+
+def _drafters(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from minedraft.client import Client, MineDraftError
+
+    try:
+        with Client(args.server, timeout=args.timeout) as client:
+            if args.action == "add":
+                drafters = client.register_drafter(args.address)
+            elif args.action == "remove":
+                drafters = client.deregister_drafter(args.address)
+            else:
+                drafters = client.drafters()
+    except MineDraftError as error:
+        print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"drafters": [dataclasses.asdict(d) for d in drafters]}))
+        return 0
+    if args.action != "list":
+        done = "registered" if args.action == "add" else "deregistered"
+        print(f"{done} {args.address}; the pool has {len(drafters)} drafter(s)")
+    print(_drafters_table(drafters))
+    return 0
+
+
+def _add_drafters_parser(sub: argparse._SubParsersAction) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", default="localhost:50051", help="gateway address, HOST:PORT")
+    common.add_argument("--timeout", type=float, default=60.0, help="seconds")
+    common.add_argument("--json", action="store_true", help="print the pool as one JSON object")
+    drafters = sub.add_parser("drafters", help="list, add or remove drafters in a gateway's pool")
+    actions = drafters.add_subparsers(dest="action", required=True)
+    actions.add_parser("list", parents=[common], help="show the pool")
+    add = actions.add_parser("add", parents=[common], help="register a running drafter")
+    add.add_argument("address", help="the drafter's gRPC address, HOST:PORT")
+    remove = actions.add_parser("remove", parents=[common],
+                                help="deregister a drafter; its requests move to the others")
+    remove.add_argument("address", help="the drafter's gRPC address, HOST:PORT")
+    drafters.set_defaults(func=_drafters)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="minedraft", description="LLM serving with batch-parallel speculative decoding")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -101,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     gen.add_argument("--stream", action="store_true", help="stream the completion as it is generated")
     gen.set_defaults(func=_generate)
+    _add_drafters_parser(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

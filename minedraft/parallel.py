@@ -10,6 +10,9 @@ colliding. Two process groups share the store under different prefixes:
   and the CPU, with a timeout of a year: an idle worker sits in `broadcast_bytes` until the
   next step arrives, however long that takes.
 
+Ranks that share one GPU (NCCL refuses two ranks on a device) use gloo with the tensors
+staged through host memory: correct, slow, meant for checks on one-GPU machines.
+
 `TPGroup.single()` is the size-1 group: every collective is the identity, nothing is
 connected, and the model is never sharded, so TP=1 costs nothing.
 """
@@ -35,6 +38,8 @@ class TPGroup:
             raise ValueError(f"a group of size {size} needs its model and control process groups")
         self.rank, self.size, self.device = rank, size, torch.device(device)
         self._store, self._model, self._control = store, model_group, control_group
+        # gloo over device tensors: collectives run on host copies.
+        self._staged = isinstance(model_group, dist.ProcessGroupGloo) and self.device.type != "cpu"
 
     @property
     def is_driver(self) -> bool:
@@ -58,8 +63,6 @@ class TPGroup:
             raise ValueError(f"tensor-parallel backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "nccl" and device.type != "cuda":
             raise ValueError(f"backend 'nccl' needs a cuda device, got {device}")
-        if backend == "gloo" and device.type != "cpu":
-            raise ValueError(f"backend 'gloo' is for cpu tensors, got device {device}; use 'nccl'")
         if not isinstance(port, int) or not 1 <= port <= 65535:
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
         if not timeout_s > 0:
@@ -84,17 +87,21 @@ class TPGroup:
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place; -> tensor."""
         if self.size > 1:
-            self._model.allreduce([tensor]).wait()
+            staged = tensor.cpu() if self._staged else tensor
+            self._model.allreduce([staged]).wait()
+            if staged is not tensor:
+                tensor.copy_(staged)
         return tensor
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         """[..., n] on each rank -> [..., size * n], rank r's piece at columns r * n .. (r + 1) * n."""
         if self.size == 1:
             return tensor
-        tensor = tensor.contiguous()
+        device = tensor.device
+        tensor = tensor.cpu().contiguous() if self._staged else tensor.contiguous()
         pieces = [torch.empty_like(tensor) for _ in range(self.size)]
         self._model.allgather([pieces], [tensor]).wait()
-        return torch.cat(pieces, dim=-1)
+        return torch.cat(pieces, dim=-1).to(device)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite `tensor` on every rank with rank src's, in place; -> tensor."""
@@ -102,7 +109,10 @@ class TPGroup:
         if self.size > 1:
             options = dist.BroadcastOptions()
             options.rootRank, options.rootTensor = src, 0
-            self._model.broadcast([tensor], options).wait()
+            staged = tensor.cpu() if self._staged else tensor
+            self._model.broadcast([staged], options).wait()
+            if staged is not tensor:
+                tensor.copy_(staged)
         return tensor
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU check, one prepared run (under 8 minutes): NCCL data plane, then ar / sd / psd on
+# The GPU check, one prepared run (under 8 minutes): NCCL data plane, tensor-parallel
+# equality (TP = 2 vs TP = 1; two ranks on one GPU when only one is visible), then ar / sd / psd on
 # random-weight real-size models (Qwen3-32B-shaped target, Qwen3-1.7B-shaped draft) with
 # synthetic acceptance. One GPU: drafter and verifier share it; several: drafter on its own.
 #
@@ -32,7 +33,10 @@ echo "device=$DEVICE gpus=$NGPU target=$TARGET_DEV draft=$DRAFT_DEV data_plane=$
 # 1. The data plane: one step over the pair group (NCCL needs two GPUs; gloo otherwise).
 $PY scripts/check_data_plane.py 2>&1 | tee "$OUT/data_plane.txt"
 
-# 2. The modes side by side on real-size shapes, synthetic acceptance 0.8.
+# 2. Tensor parallelism: TP = 2 gives TP = 1's logits and greedy tokens.
+$PY scripts/check_tensor_parallel.py --device "$DEVICE" 2>&1 | tee "$OUT/tensor_parallel.txt"
+
+# 3. The modes side by side on real-size shapes, synthetic acceptance 0.8.
 $PY -m minedraft.cli bench --modes ar sd psd --k $KS --concurrency $CONC --max-tokens 64 \
   --target "$MODELS/target" --draft "$MODELS/draft" --random-weights --synthetic-acceptance 0.8 \
   --dtype $DTYPE --target-device $TARGET_DEV --draft-device $DRAFT_DEV --data-plane $PLANE \

@@ -93,6 +93,8 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
                           env={**os.environ, "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "bit-exact=True" in (out / "data_plane.txt").read_text()
+    assert "greedy tokens equal=True" in (out / "tensor_parallel.txt").read_text()
+    assert "-> OK" in (out / "tensor_parallel.txt").read_text()
     report = json.loads((out / "bench.json").read_text())
     assert {r["mode"] for r in report["runs"]} == {"ar", "sd", "psd"}
     assert report["config"]["synthetic_acceptance"] == 0.8 and report["config"]["random_weights"]

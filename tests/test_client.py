@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -115,8 +115,11 @@ class FakeGeneration(generation_pb2_grpc.GenerationServicer):
 class ServerThread:
     """A grpc.aio server on its own thread and event loop, so sync clients can block on it."""
 
-    def __init__(self, servicer: FakeGeneration) -> None:
+    def __init__(self, servicer: Any,
+                 add_to_server: Callable[[Any, grpc.aio.Server], None] =
+                 generation_pb2_grpc.add_GenerationServicer_to_server) -> None:
         self.servicer = servicer
+        self._add_to_server = add_to_server
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -126,7 +129,7 @@ class ServerThread:
 
     async def _serve(self) -> None:
         server = grpc.aio.server()
-        generation_pb2_grpc.add_GenerationServicer_to_server(self.servicer, server)
+        self._add_to_server(self.servicer, server)
         self.port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         self._stop = asyncio.Event()

@@ -64,13 +64,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def rank_device(device: str, rank: int, tp: int) -> str:
-    """'cuda' -> cuda:<local rank>; 'cuda:N' -> cuda:<N + local rank>; cpu stays cpu."""
+def rank_device(device: str, rank: int, tp: int) -> tuple[str, str]:
+    """-> (this rank's device, the model group's backend).
+
+    'cuda' gives each rank its own GPU (cuda:<local rank>) and NCCL; 'cuda:N' puts every
+    rank on GPU N, which NCCL refuses, so their collectives go through gloo (a check on a
+    one-GPU machine, not a way to serve); cpu is gloo.
+    """
     if tp == 1 or not device.startswith("cuda"):
-        return device
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    _, _, index = device.partition(":")
-    return f"cuda:{int(index or 0) + local}"
+        return device, "gloo"
+    if device == "cuda":
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}", "nccl"
+    logger.warning("all %d ranks share %s: collectives are staged through host memory (slow)", tp, device)
+    return device, "gloo"
 
 
 def rank_cpus(cpus: str, rank: int, tp: int) -> str:
@@ -97,14 +103,13 @@ def _build(args: argparse.Namespace, rank: int):
     from minedraft.verifier import Verifier
     from verifier_svc.steps import StepExecutor
 
-    device = rank_device(args.device, rank, args.tp)
+    device, backend = rank_device(args.device, rank, args.tp)
     place_process(rank_cpus(args.cpus, rank, args.tp))
     if args.tp == 1:
-        tp = TPGroup.single()
+        tp = TPGroup.single(device)
     else:
         host, _, port = args.tp_address.rpartition(":")
-        tp = TPGroup.create(rank, args.tp, host, int(port), backend="nccl" if device.startswith("cuda") else "gloo",
-                            device=device)
+        tp = TPGroup.create(rank, args.tp, host, int(port), backend=backend, device=device)
     config = runner_config(args, device=device)
     verifier = Verifier(ModelRunner(config, tp=tp), synthetic_acceptance=args.synthetic_acceptance)
     return StepExecutor(verifier, tp)

@@ -1,0 +1,149 @@
+"""Blocking client for the gateway: Generation and the drafter pool over one channel."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from minedraft.client.errors import ServerUnavailable, error_from_rpc
+from minedraft.client.types import (CLIENT_TIMEOUT, DEFAULT_TARGET, DrafterInfo, GenerationResult,
+                                    StreamChunk, Timeout, build_request, drafters_from_proto,
+                                    message_to_dict)
+from minedraft.v1 import generation_pb2, generation_pb2_grpc
+
+
+class ChunkStream:
+    """Iterator over a streaming call that cancels the RPC when abandoned.
+
+    Breaking out of a ``for`` loop drops the last reference, and ``__del__`` cancels the
+    call so the server stops generating; ``close()`` or ``with`` does it explicitly.
+    """
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __iter__(self) -> ChunkStream:
+        return self
+
+    def __next__(self) -> StreamChunk:
+        try:
+            return StreamChunk.from_proto(next(self._call))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def close(self) -> None:
+        """Cancel the call if it is still running (no-op once finished)."""
+        if not self._call.done():
+            self._call.cancel()
+
+    cancel = close
+
+    def __enter__(self) -> ChunkStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class Client:
+    """Blocking client; one channel, safe to share between threads."""
+
+    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 60.0) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(target)
+        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
+        self._pool = generation_pb2_grpc.DrafterPoolStub(self._channel)
+
+    def _timeout(self, timeout: Timeout) -> float | None:
+        return self.timeout if timeout is CLIENT_TIMEOUT else timeout
+
+    def _unary(self, method: Callable[..., Any], request: Message, timeout: Timeout) -> Any:
+        """One unary call, its failure raised as the matching MineDraftError."""
+        try:
+            return method(request, timeout=self._timeout(timeout))
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Block until the channel connects, so start-up scripts fail fast with a clear error."""
+        ready = grpc.channel_ready_future(self._channel)
+        try:
+            ready.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            ready.cancel()
+            raise ServerUnavailable(grpc.StatusCode.UNAVAILABLE,
+                                    f"server at {self.target} not ready after {timeout}s") from None
+
+    def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 64,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+                 stop: str | Sequence[str] | None = None,
+                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+                 seed: int | None = None, request_id: str = "",
+                 timeout: Timeout = CLIENT_TIMEOUT) -> GenerationResult:
+        """Generate a completion and wait for all of it."""
+        request = build_request(prompt, max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, top_k=top_k, stop=stop,
+                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed,
+                                request_id=request_id)
+        return GenerationResult.from_proto(self._unary(self._stub.Generate, request, timeout))
+
+    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 64,
+               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
+               stop: str | Sequence[str] | None = None,
+               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
+               seed: int | None = None, request_id: str = "",
+               timeout: Timeout = CLIENT_TIMEOUT) -> ChunkStream:
+        """Generate a completion chunk by chunk; stop iterating to cancel it."""
+        request = build_request(prompt, max_tokens=max_tokens, temperature=temperature,
+                                top_p=top_p, top_k=top_k, stop=stop,
+                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed,
+                                request_id=request_id)
+        return ChunkStream(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
+
+    def server_info(self, timeout: Timeout = CLIENT_TIMEOUT) -> dict[str, Any]:
+        """Mode, k, models and batch size the server runs with."""
+        info = self._unary(self._stub.GetServerInfo, generation_pb2.ServerInfoRequest(), timeout)
+        return message_to_dict(info)
+
+    def step_stats(self, max_steps: int = 0, timeout: Timeout = CLIENT_TIMEOUT) -> list[dict[str, Any]]:
+        """Recent per-step timings (0 = as many as the server keeps)."""
+        stats = self._unary(self._stub.GetStepStats,
+                            generation_pb2.StepStatsRequest(max_steps=max_steps), timeout)
+        return [message_to_dict(step) for step in stats.steps]
+
+    def drafters(self, timeout: Timeout = CLIENT_TIMEOUT) -> list[DrafterInfo]:
+        """The gateway's drafter pool (empty in ar mode)."""
+        pool = self._unary(self._pool.List, generation_pb2.ListDraftersRequest(), timeout)
+        return drafters_from_proto(pool)
+
+    def register_drafter(self, address: str, timeout: Timeout = CLIENT_TIMEOUT) -> list[DrafterInfo]:
+        """Add the drafter at HOST:PORT to the pool (no-op if already there); returns the pool.
+
+        The gateway waits for the drafter to answer, up to its own --connect-timeout.
+        """
+        pool = self._unary(self._pool.Register, generation_pb2.DrafterEndpoint(address=address),
+                           timeout)
+        return drafters_from_proto(pool)
+
+    def deregister_drafter(self, address: str,
+                           timeout: Timeout = CLIENT_TIMEOUT) -> list[DrafterInfo]:
+        """Take the drafter out of the pool (its requests move to others); returns the pool."""
+        pool = self._unary(self._pool.Deregister, generation_pb2.DrafterEndpoint(address=address),
+                           timeout)
+        return drafters_from_proto(pool)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
