@@ -43,6 +43,7 @@ class Batch:
     requests: list[ActiveRequest] = field(default_factory=list)
     drafted: list[tuple[ActiveRequest, int, int]] | None = None   # (request, k, source): awaiting verification
     sources: list[engine_pb2.DraftSource] = field(default_factory=list)
+    verify_call: asyncio.Future | None = None    # its verify, sent as soon as its drafts were
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]
@@ -231,9 +232,10 @@ class BatchManager:
         self._rpc_seconds = {"draft": 0.0, "verify": 0.0}
         calls = []
         if verify_batch is not None:
-            calls.append(self._verify(step_id, verify_batch))
+            call, verify_batch.verify_call = verify_batch.verify_call, None
+            calls.append(call if call is not None else self._verify(step_id, verify_batch))
         if draft_batch is not None:
-            calls.append(self._draft(step_id, draft_batch))
+            calls.append(self._draft_and_send_verify(step_id, draft_batch))
         results = await asyncio.gather(*calls, return_exceptions=True)
         record = generation_pb2.StepRecord(
             step_id=step_id, start_s=start - self._t0, wall_s=time.perf_counter() - start,
@@ -335,6 +337,15 @@ class BatchManager:
                                                   with_probs=result.with_probs))
             responses.append(result)
         batch.drafted, batch.sources = drafted, sources
+        return responses
+
+    async def _draft_and_send_verify(self, step_id: int, batch: Batch) -> list[engine_pb2.DraftStepResponse]:
+        """Draft a batch, then send its verify at once, without waiting for this step to end:
+        it queues at the verifier behind the other batch's verify, so the verifier goes from
+        one batch to the next without a round trip through the gateway in between. The next
+        step awaits it."""
+        responses = await self._draft(step_id, batch)
+        batch.verify_call = asyncio.ensure_future(self._verify(step_id, batch))
         return responses
 
     async def _draft_on(self, step_id: int, drafter: DrafterHandle,
