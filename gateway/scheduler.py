@@ -1,13 +1,16 @@
-"""The Batch Manager: decides what the drafter and verifier do at every step.
+"""The Batch Manager: decides what the drafter and verifier do, batch by batch.
 
 Modes:
   ar   one batch; every step is a verify step with no drafts (k = 0).
   sd   one batch; draft it, then verify it, strictly one after the other.
-  psd  two batches of up to m requests. While the verifier verifies batch A (drafted last
-       step), the drafter drafts batch B; then they swap. New requests join the batch with
-       fewer requests and ride along with its next draft and verify (their prefill is just
-       a longer first chunk), so no step stalls for them. When only one batch has work the
-       step degrades to sequential SD for it, and overlap resumes once the other fills.
+  psd  two batches of up to m requests, each its own pipeline (draft, verify, draft, ...).
+       While the verifier verifies batch A, the drafter drafts batch B; then they swap.
+       Each call is sent the moment its inputs exist and queues at its service, so the
+       verifier goes from A's verify to B's without a gateway round trip in between, and
+       the drafter likewise. New requests join the batch with fewer requests and ride
+       along with its next draft and verify (their prefill is just a longer first chunk),
+       so no step stalls for them. When only one batch has work it runs as sequential SD,
+       and overlap resumes once the other fills.
 
 Drafters form a pool (`pool.py`): each request lives on one drafter, and a batch's draft
 step runs on every drafter holding its requests, in parallel. A drafter that dies loses
@@ -43,7 +46,7 @@ class Batch:
     requests: list[ActiveRequest] = field(default_factory=list)
     drafted: list[tuple[ActiveRequest, int, int]] | None = None   # (request, k, source): awaiting verification
     sources: list[engine_pb2.DraftSource] = field(default_factory=list)
-    verify_call: asyncio.Future | None = None    # its verify, sent as soon as its drafts were
+    has_work: asyncio.Event = field(default_factory=asyncio.Event)
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]
@@ -79,11 +82,9 @@ class BatchManager:
         self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=100_000)
         self._free_on_verifier: list[str] = []
         self._reserved_blocks: dict[str, int] = {}
-        self._wakeup = asyncio.Event()
         self._background: set[asyncio.Future] = set()
         self._step_id = 0
         self._t0 = time.perf_counter()
-        self._rpc_seconds = {"draft": 0.0, "verify": 0.0}   # last step's calls, for StepRecord
 
     # ---- requests in and out -------------------------------------------------------------
     def blocks_for(self, req: ActiveRequest) -> int:
@@ -96,7 +97,7 @@ class BatchManager:
             raise KeyError(req.request_id)
         self.requests[req.request_id] = req
         self.waiting.append(req)
-        self._wakeup.set()
+        self._kick()
 
     def cancel(self, request_id: str) -> None:
         """The client went away: stop work on the request; its tokens are not streamed."""
@@ -111,7 +112,7 @@ class BatchManager:
         in_flight = any(b.drafted and any(r is req for r, _, _ in b.drafted) for b in self.batches)
         if not in_flight:
             self._retire(req, FinishReason.ABORT)
-        self._wakeup.set()
+        self._kick()
 
     def _admit(self) -> None:
         while self.waiting:
@@ -161,11 +162,13 @@ class BatchManager:
         self._unassign(req)
         self._reserved_blocks.pop(req.request_id, None)
         self.requests.pop(req.request_id, None)
+        if self.waiting:                # its KV reservation may let a waiting request in
+            self._kick()
 
     # ---- the drafter pool ----------------------------------------------------------------
     async def add_drafter(self, address: str, timeout_s: float | None = None) -> None:
         await self.pool.add(address, timeout_s)
-        self._wakeup.set()
+        self._kick()
 
     def remove_drafter(self, address: str, graceful: bool = True) -> DrafterHandle | None:
         """The drafter leaves (or died): its requests are re-homed at their next draft step.
@@ -178,7 +181,7 @@ class BatchManager:
                 self._unassign(req)
         self._background.add(asyncio.ensure_future(self._close_drafter(drafter, graceful)))
         self._background = {t for t in self._background if not t.done()}
-        self._wakeup.set()
+        self._kick()
         return drafter
 
     async def _close_drafter(self, drafter: DrafterHandle, graceful: bool) -> None:
@@ -191,27 +194,53 @@ class BatchManager:
                 pass
         await drafter.channel.close()
 
-    # ---- the step loop -------------------------------------------------------------------
+    # ---- the batch pipelines ---------------------------------------------------------------
     async def run(self) -> None:
+        """One pipeline per batch: draft, verify, draft, ... Each call goes out the moment
+        its inputs exist, and the services serve calls in arrival order, so in psd the
+        verifier moves from one batch's verify straight to the other's (queued while it
+        worked) and the drafter likewise: neither waits for a round trip through the
+        gateway while the other batch has work for it."""
+        pipelines = [asyncio.ensure_future(self._pipeline(batch)) for batch in self.batches]
+        try:
+            await asyncio.gather(*pipelines)
+        finally:
+            for task in pipelines:
+                task.cancel()
+
+    def _kick(self) -> None:
+        """Admit what fits and wake the pipelines that have work."""
+        self._admit()
+        for batch in self.batches:
+            if batch.to_draft():
+                batch.has_work.set()
+
+    async def _pipeline(self, batch: Batch) -> None:
         while True:
-            self._admit()
-            verify_batch = next((b for b in self.batches if b.drafted is not None), None)
-            draft_batch = next((b for b in self.batches if b.drafted is None and b.to_draft()), None)
-            if self.config.mode == "ar" and draft_batch is not None:
-                draft_batch.drafted = [(r, 0, 0) for r in draft_batch.to_draft()]
-                verify_batch, draft_batch = draft_batch, None
-            if verify_batch is None and draft_batch is None:
-                await self._flush_frees()
-                self._wakeup.clear()
-                if not self.waiting and not any(b.requests for b in self.batches):
-                    await self._wakeup.wait()
-                else:
-                    await asyncio.sleep(0.001)
+            self._kick()
+            if not batch.to_draft():
+                batch.has_work.clear()
+                if not any(b.to_draft() or b.drafted is not None for b in self.batches):
+                    await self._flush_frees()       # nothing in flight to carry them
+                await batch.has_work.wait()
                 continue
-            await self._step(verify_batch, draft_batch)
+            self._step_id += 1
+            step_id = self._step_id
+            if self.config.mode == "ar":
+                batch.drafted, batch.sources = [(r, 0, 0) for r in batch.to_draft()], []
+            else:
+                try:
+                    await self._draft(step_id, batch)
+                except Exception as err:            # noqa: BLE001 - the batch fails, others go on
+                    self._fail_batch(batch, err)
+                    continue
+            try:
+                await self._verify(step_id, batch)
+            except Exception as err:                # noqa: BLE001
+                self._fail_batch(batch, err)
 
     async def _flush_frees(self) -> None:
-        """When idle, hand finished requests back to the services at once (no step to ride on)."""
+        """When idle, hand finished requests back to the services at once (no call to ride on)."""
         try:
             if self._free_on_verifier:
                 finished, self._free_on_verifier = self._free_on_verifier, []
@@ -225,39 +254,11 @@ class BatchManager:
         except grpc.aio.AioRpcError as err:
             logger.error("could not free finished requests: %s", err.details())
 
-    async def _step(self, verify_batch: Batch | None, draft_batch: Batch | None) -> None:
-        self._step_id += 1
-        step_id = self._step_id
-        start = time.perf_counter()
-        self._rpc_seconds = {"draft": 0.0, "verify": 0.0}
-        calls = []
-        if verify_batch is not None:
-            call, verify_batch.verify_call = verify_batch.verify_call, None
-            calls.append(call if call is not None else self._verify(step_id, verify_batch))
-        if draft_batch is not None:
-            calls.append(self._draft_and_send_verify(step_id, draft_batch))
-        results = await asyncio.gather(*calls, return_exceptions=True)
-        record = generation_pb2.StepRecord(
-            step_id=step_id, start_s=start - self._t0, wall_s=time.perf_counter() - start,
-            kind="overlap" if len(calls) == 2 else ("verify" if verify_batch is not None else "draft"),
-            draft_rpc_s=self._rpc_seconds["draft"], verify_rpc_s=self._rpc_seconds["verify"])
-        batches = ([verify_batch] if verify_batch is not None else []) + (
-            [draft_batch] if draft_batch is not None else [])
-        for batch, result in zip(batches, results):
-            if isinstance(result, BaseException):
-                self._fail_batch(batch, result)
-                continue
-            if isinstance(result, engine_pb2.VerifyStepResponse):
-                record.verify_busy_s, record.verify_batch = result.busy_s, len(result.results)
-                record.data_plane_s += result.recv_s
-            else:
-                # The drafter's send waits for the verifier's matching receive, so the
-                # transfer is timed on the receiving side (verify recv_s) only. Drafters of
-                # the pool run in parallel: the step waits for the slowest.
-                record.draft_busy_s = max((r.busy_s for r in result), default=0.0)
-                record.draft_batch = len(batch.drafted or [])
-                record.data_plane_bytes = sum(r.sent_bytes for r in result)
-        self.step_records.append(record)
+    def _record(self, kind: str, step_id: int, start: float, **fields) -> None:
+        """One service call: when the gateway sent it, how long until the answer, and what
+        the service reports of its own time (its compute ends just before it answers)."""
+        self.step_records.append(generation_pb2.StepRecord(
+            step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=time.perf_counter() - start, **fields))
 
     async def _verify(self, step_id: int, batch: Batch) -> engine_pb2.VerifyStepResponse:
         items = batch.drafted or []
@@ -278,7 +279,8 @@ class BatchManager:
             response = await self.verifier.Step(message)
         finally:
             batch.drafted = None
-        self._rpc_seconds["verify"] = time.perf_counter() - start
+        self._record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
+                     verify_batch=len(response.results), verify_rpc_s=time.perf_counter() - start)
         results = {r.request_id: r for r in response.results}
         for req, _, _ in items:
             result = results.get(req.request_id)
@@ -323,7 +325,6 @@ class BatchManager:
         start = time.perf_counter()
         results = await asyncio.gather(*(self._draft_on(step_id, d, by_drafter[d]) for d in drafters),
                                        return_exceptions=True)
-        self._rpc_seconds["draft"] = time.perf_counter() - start
         responses, sources = [], []
         for drafter, result in zip(drafters, results):
             items = by_drafter[drafter]
@@ -337,15 +338,14 @@ class BatchManager:
                                                   with_probs=result.with_probs))
             responses.append(result)
         batch.drafted, batch.sources = drafted, sources
-        return responses
-
-    async def _draft_and_send_verify(self, step_id: int, batch: Batch) -> list[engine_pb2.DraftStepResponse]:
-        """Draft a batch, then send its verify at once, without waiting for this step to end:
-        it queues at the verifier behind the other batch's verify, so the verifier goes from
-        one batch to the next without a round trip through the gateway in between. The next
-        step awaits it."""
-        responses = await self._draft(step_id, batch)
-        batch.verify_call = asyncio.ensure_future(self._verify(step_id, batch))
+        if responses:
+            # The drafter's send waits for the verifier's matching receive, so the transfer
+            # is timed on the receiving side (verify data_plane_s) only. Drafters of the
+            # pool run in parallel: the call lasts as long as the slowest.
+            self._record("draft", step_id, start, draft_busy_s=max(r.busy_s for r in responses),
+                         draft_batch=len(drafted),
+                         data_plane_bytes=sum(r.sent_bytes for r in responses),
+                         draft_rpc_s=time.perf_counter() - start)
         return responses
 
     async def _draft_on(self, step_id: int, drafter: DrafterHandle,

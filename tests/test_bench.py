@@ -45,17 +45,22 @@ def test_request_metrics():
 
 
 def test_step_metrics_and_ceiling():
-    sd = [{"wall_s": 0.030, "draft_busy_s": 0.010, "draft_batch": 8, "kind": "draft"},
-          {"wall_s": 0.022, "verify_busy_s": 0.020, "verify_batch": 8, "kind": "verify"}]
-    psd = [{"wall_s": 0.016, "draft_busy_s": 0.008, "draft_batch": 4, "verify_busy_s": 0.014,
-            "verify_batch": 4, "data_plane_s": 0.001, "kind": "overlap"}]
+    # sd: a draft call, then its verify; the gateway's gaps are between and around them.
+    sd = [{"start_s": 0.000, "wall_s": 0.012, "draft_busy_s": 0.010, "draft_batch": 8, "kind": "draft"},
+          {"start_s": 0.013, "wall_s": 0.022, "verify_busy_s": 0.020, "verify_batch": 8, "kind": "verify"}]
+    # psd: a verify (queued early, so its call is long) with a draft of the other batch inside it.
+    psd = [{"start_s": 0.035, "wall_s": 0.020, "verify_busy_s": 0.014, "data_plane_s": 0.001,
+            "verify_batch": 4, "kind": "verify"},
+           {"start_s": 0.041, "wall_s": 0.009, "draft_busy_s": 0.008, "draft_batch": 4, "kind": "draft"}]
     c = overlap_ceiling(sd, psd, 8)
     assert c["ceiling"] == pytest.approx((0.010 + 0.020) / (2 * 0.014))
     s = step_metrics(sd + psd)
-    wall = 0.030 + 0.022 + 0.016
-    assert s["gateway_share"] == pytest.approx((0.020 + 0.002 + 0.001) / wall)
-    assert s["data_plane_share"] == pytest.approx(0.001 / wall)
-    assert s["overlap_steps"] == 1
+    span = 0.055
+    # busy: drafter [0.002, 0.012], verifier [0.015, 0.035], verifier [0.040, 0.055] (draft [0.042, 0.050] inside)
+    assert s["gateway_share"] == pytest.approx((span - (0.010 + 0.020 + 0.015)) / span)
+    assert s["data_plane_share"] == pytest.approx(0.001 / span)
+    assert s["verifier_busy_share"] == pytest.approx(0.034 / span)
+    assert s["steps"] == 2 and s["overlap_steps"] == 1
 
 
 def test_bench_cli_tiny_run(tmp_path):

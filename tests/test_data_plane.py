@@ -15,8 +15,10 @@ from minedraft.data_plane import (DistributedDraftReceiver, DraftPayload, InBand
                                   encode_payload, step_tags)
 
 VOCAB = 13
-# (step_id, num_tokens, probs dtype or None for a greedy drafter)
-STEPS = [(0, 5, torch.float32), (1, 4, None), (2, 0, torch.bfloat16), (3, 3, torch.bfloat16)]
+# (step_id, num_tokens, probs dtype or None for a greedy drafter); more tokens than fit in
+# the header (INLINE_TOKENS) travel as a message of their own: both paths are covered.
+STEPS = [(0, 5, torch.float32), (1, 4, None), (2, 0, torch.bfloat16), (3, 3, torch.bfloat16),
+         (4, 300, None), (5, 257, torch.float32), (6, 256, None)]
 
 
 def make_payload(step_id: int, num_tokens: int, dtype: torch.dtype | None,

@@ -63,22 +63,32 @@ def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
 
 
 def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12) -> Path:
-    """Drafter and verifier busy time per step. Bars start at the step's start (the services
-    report busy durations, not their offsets), so gaps are idle time at the step's end."""
+    """Drafter and verifier busy intervals over a window of verify steps from the middle of
+    the run (each call's work placed just before its answer, see report.busy_intervals);
+    light blue is a verify's wait for drafts, white is time neither service works."""
+    from minedraft.bench.report import busy_intervals
+
     plt = _pyplot()
-    middle = max(0, len(steps) // 2 - num_steps // 2)
-    window = steps[middle:middle + num_steps]
+    ordered = sorted(steps, key=lambda c: c.get("start_s", 0.0) + c["wall_s"])
+    verify_ends = [c.get("start_s", 0.0) + c["wall_s"] for c in ordered if c.get("kind") == "verify"]
+    middle = max(0, len(verify_ends) // 2 - num_steps // 2)
+    window = verify_ends[middle:middle + num_steps]
     fig, ax = plt.subplots(figsize=(10, 2.8))
-    t0 = window[0]["start_s"] if window else 0.0
-    for s in window:
-        start = (s["start_s"] - t0) * 1e3
-        ax.broken_barh([(start, s["wall_s"] * 1e3)], (0.0, 2.0), facecolors="none", edgecolors="grey")
-        if s.get("verify_busy_s"):
-            ax.broken_barh([(start, (s.get("data_plane_s", 0.0) + s["verify_busy_s"]) * 1e3)], (1.05, 0.85),
-                           facecolors="tab:blue")
-        if s.get("draft_busy_s"):
-            ax.broken_barh([(start, s["draft_busy_s"] * 1e3)], (0.1, 0.85), facecolors="tab:orange")
+    if window:
+        lo, hi = window[0] - (window[1] - window[0] if len(window) > 1 else 0.02), window[-1]
+        calls = [c for c in ordered if lo <= c.get("start_s", 0.0) + c["wall_s"] <= hi]
+        drafter, _ = busy_intervals(calls)
+        ax.broken_barh([((a - lo) * 1e3, (b - a) * 1e3) for a, b in drafter], (0.1, 0.85), facecolors="tab:orange")
+        for c in calls:
+            if c.get("kind") != "verify":
+                continue
+            end = c.get("start_s", 0.0) + c["wall_s"]
+            compute = c.get("verify_busy_s", 0.0)
+            wait = c.get("data_plane_s", 0.0)
+            ax.broken_barh([((end - compute - wait - lo) * 1e3, wait * 1e3)], (1.05, 0.85), facecolors="lightblue")
+            ax.broken_barh([((end - compute - lo) * 1e3, compute * 1e3)], (1.05, 0.85), facecolors="tab:blue")
     ax.set_yticks([0.5, 1.5], labels=["drafter", "verifier"])
+    ax.set_xlim(left=0)
     ax.set(xlabel="ms", title=title)
     fig.tight_layout()
     path = out / ("timeline_" + title.replace("=", "").replace(" ", "_").lower() + ".png")

@@ -40,22 +40,65 @@ def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
     }
 
 
-def step_metrics(steps: list[dict]) -> dict:
-    """Per-step costs and shares of the run's step wall time."""
-    wall = sum(s["wall_s"] for s in steps) or float("nan")
-    draft = sum(s.get("draft_busy_s", 0.0) for s in steps)
-    verify = sum(s.get("verify_busy_s", 0.0) for s in steps)
-    data_plane = sum(s.get("data_plane_s", 0.0) for s in steps)
-    own = sum(max(0.0, s["wall_s"] - max(s.get("draft_busy_s", 0.0),
-                                         s.get("verify_busy_s", 0.0) + s.get("data_plane_s", 0.0)))
-              for s in steps)
+def busy_intervals(calls: list[dict]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Each call's busy interval on the gateway's clock -> (drafter's, verifier's).
+
+    A service answers the moment its work ends, so a call's work is the stretch just before
+    its answer reached the gateway: [answer - busy, answer] for a draft, and for a verify
+    its wait for drafts (data plane) and then its compute. The answer's own trip back is
+    counted as work by this, so the gateway share below is, if anything, too small by one
+    loopback message per call."""
+    drafter, verifier = [], []
+    for c in calls:
+        end = c.get("start_s", 0.0) + c["wall_s"]
+        if c.get("draft_busy_s"):
+            drafter.append((end - c["draft_busy_s"], end))
+        if c.get("verify_busy_s") or c.get("data_plane_s"):
+            verifier.append((end - c.get("verify_busy_s", 0.0) - c.get("data_plane_s", 0.0), end))
+    return drafter, verifier
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def _overlaps(interval: tuple[float, float], others: list[tuple[float, float]]) -> bool:
+    return any(start < interval[1] and interval[0] < end for start, end in others)
+
+
+def step_metrics(calls: list[dict]) -> dict:
+    """Shares of the run's span (first call sent to last answer) from the gateway's call records.
+
+    gateway_share: the time in which neither the drafter nor the verifier computes or takes
+    drafts off the data plane, i.e. everything outside the services' work and the data-plane
+    transfer: the gateway's own work and the control messages' transport. A step is one
+    verify call; it overlaps when a draft ran during its compute.
+    """
+    if not calls:
+        nan = float("nan")
+        return {"steps": 0, "overlap_steps": 0, "step_wall_mean_ms": nan, "drafter_busy_share": nan,
+                "verifier_busy_share": nan, "drafter_idle_share": nan, "verifier_idle_share": nan,
+                "data_plane_share": nan, "gateway_share": nan, "data_plane_bytes_per_step": nan}
+    span = (max(c.get("start_s", 0.0) + c["wall_s"] for c in calls) - min(c.get("start_s", 0.0) for c in calls))
+    draft = sum(c.get("draft_busy_s", 0.0) for c in calls)
+    verify = sum(c.get("verify_busy_s", 0.0) for c in calls)
+    data_plane = sum(c.get("data_plane_s", 0.0) for c in calls)
+    drafter, verifier = busy_intervals(calls)
+    steps = [c for c in calls if c.get("kind") == "verify"]
+    _, verify_compute = busy_intervals([{**c, "data_plane_s": 0.0} for c in steps])
     return {
-        "steps": len(steps), "overlap_steps": sum(s.get("kind") == "overlap" for s in steps),
-        "step_wall_mean_ms": wall / len(steps) * 1e3 if steps else float("nan"),
-        "drafter_busy_share": draft / wall, "verifier_busy_share": verify / wall,
-        "drafter_idle_share": 1 - draft / wall, "verifier_idle_share": 1 - verify / wall,
-        "data_plane_share": data_plane / wall, "gateway_share": own / wall,
-        "data_plane_bytes_per_step": sum(s.get("data_plane_bytes", 0) for s in steps) / max(1, len(steps)),
+        "steps": len(steps), "overlap_steps": sum(_overlaps(v, drafter) for v in verify_compute),
+        "step_wall_mean_ms": span / max(1, len(steps)) * 1e3,
+        "drafter_busy_share": draft / span, "verifier_busy_share": verify / span,
+        "drafter_idle_share": 1 - draft / span, "verifier_idle_share": 1 - verify / span,
+        "data_plane_share": data_plane / span,
+        "gateway_share": (span - _union_length(drafter + verifier)) / span,
+        "data_plane_bytes_per_step": sum(c.get("data_plane_bytes", 0) for c in calls) / max(1, len(steps)),
     }
 
 

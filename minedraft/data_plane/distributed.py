@@ -9,8 +9,9 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_TAG, VERIFIER_RANK, DraftPayload,
-                                          _header, _TransferMeter, empty_payload, step_tags)
+from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS,
+                                          VERIFIER_RANK, DraftPayload, _header, _TransferMeter, empty_payload,
+                                          step_tags)
 
 
 def listen_store(host: str, port: int = 0, timeout_s: float = 60.0) -> dist.TCPStore:
@@ -85,7 +86,9 @@ class DistributedDraftSender(_DistributedEnd):
             return
         start = time.perf_counter()
         tokens_tag, probs_tag = step_tags(payload.step_id)
-        tensors = [(_header(payload), HEADER_TAG, "header"), (payload.token_ids, tokens_tag, "draft tokens")]
+        tensors = [(_header(payload), HEADER_TAG, "header")]
+        if payload.num_tokens > INLINE_TOKENS:
+            tensors.append((payload.token_ids, tokens_tag, "draft tokens"))
         if payload.probs is not None:
             tensors.append((payload.probs, probs_tag, "draft probs"))
         for tensor, tag, what in tensors:
@@ -120,13 +123,16 @@ class DistributedDraftReceiver(_DistributedEnd):
             self._thread.start()
 
     def _receive_one(self, timeout: timedelta) -> DraftPayload:
-        header = torch.empty(5, dtype=torch.int64)
-        header_on_device = header.to(self.device)
-        _wait(self._group.recv([header_on_device], DRAFTER_RANK, HEADER_TAG), timeout, -1, "receiving a header")
-        step_id, num_tokens, has_probs, vocab, dtype_code = header_on_device.tolist()
+        header = torch.empty(HEADER_FIELDS + INLINE_TOKENS, dtype=torch.int64, device=self.device)
+        _wait(self._group.recv([header], DRAFTER_RANK, HEADER_TAG), timeout, -1, "receiving a header")
+        step_id, num_tokens, has_probs, vocab, dtype_code = header[:HEADER_FIELDS].tolist()
         tokens_tag, probs_tag = step_tags(step_id)
-        token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
-        _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id, "receiving draft tokens")
+        if num_tokens <= INLINE_TOKENS:
+            token_ids = header[HEADER_FIELDS:HEADER_FIELDS + num_tokens].clone()
+        else:
+            token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
+            _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id,
+                  "receiving draft tokens")
         probs = None
         if has_probs:
             probs = torch.empty(num_tokens, vocab, dtype=_CODE_DTYPES[dtype_code], device=self.device)

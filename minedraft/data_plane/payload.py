@@ -90,13 +90,23 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 _CODE_DTYPES = {code: dtype for dtype, code in _DTYPE_CODES.items()}
 
 
+HEADER_FIELDS = 5
+INLINE_TOKENS = 256   # drafts of a typical batch ride inside the header: one message, not two
+
+
 def _header(payload: DraftPayload) -> torch.Tensor:
-    """[step_id, num_tokens, has_probs, vocab, dtype code]: lets the verifier receive a
-    payload before its control message arrives."""
+    """[step_id, num_tokens, has_probs, vocab, dtype code, up to INLINE_TOKENS draft tokens]:
+    lets the verifier receive a payload before its control message arrives, and carries the
+    tokens themselves when they fit, so a greedy step is one message (each message costs the
+    receiving thread a wake-up, which a busy core delays)."""
     probs = payload.probs
-    return torch.tensor([payload.step_id, payload.num_tokens, probs is not None,
-                         0 if probs is None else probs.shape[1],
-                         0 if probs is None else _DTYPE_CODES[probs.dtype]], dtype=torch.int64)
+    header = torch.zeros(HEADER_FIELDS + INLINE_TOKENS, dtype=torch.int64)
+    header[:HEADER_FIELDS] = torch.tensor([payload.step_id, payload.num_tokens, probs is not None,
+                                           0 if probs is None else probs.shape[1],
+                                           0 if probs is None else _DTYPE_CODES[probs.dtype]])
+    if payload.num_tokens <= INLINE_TOKENS:
+        header[HEADER_FIELDS:HEADER_FIELDS + payload.num_tokens] = payload.token_ids.cpu()
+    return header
 
 
 def empty_payload(step_id: int, with_probs: bool, vocab_size: int, dtype: torch.dtype,
