@@ -82,7 +82,7 @@ async def serve(args: argparse.Namespace) -> None:
             host, int(port), backend=pairing.data_plane, device=device))
     servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
     server, port = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                      args.host, args.port, ["minedraft.v1.Drafter"])
+                                      args.host, args.port, ["minedraft.v1.Drafter"], args.port_file)
     address = f"{advertised_host(args.host, args.advertise_host)}:{port}"
     logger.info("drafter %s serving %s on %s (%s, data plane %s)", drafter_id[:8], args.model, address,
                 device, pairing.data_plane)

@@ -26,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, scheduler)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--port-file", default="", help="write the bound port here once serving (with --port 0)")
     parser.add_argument("--verifier", default="127.0.0.1:50061")
     parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
                         help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
@@ -74,7 +75,7 @@ async def serve(args: argparse.Namespace) -> None:
         generation_pb2_grpc.add_DrafterPoolServicer_to_server(pool_servicer, server)
 
     server, port = await start_server(add_servicers, args.host, args.port,
-                                      ["minedraft.v1.Generation", "minedraft.v1.DrafterPool"])
+                                      ["minedraft.v1.Generation", "minedraft.v1.DrafterPool"], args.port_file)
     logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, port, args.mode, config.k, args.max_batch)
     loop_task = asyncio.ensure_future(manager.run())
     try:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from minedraft import bundled
 from minedraft.service import wait_healthy
@@ -45,12 +47,6 @@ class ServeConfig:
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 class Cluster:
     """Running services; use as a context manager so they always stop."""
 
@@ -58,38 +54,44 @@ class Cluster:
         self.config = config
         self.procs: dict[str, subprocess.Popen] = {}
         self._killed: set[str] = set()
-        self.port = config.port or free_port(config.host)
+        self._port_dir: Path | None = None
+        self.port = config.port             # the bound one once started (config.port 0: any)
+        self.verifier_address = ""
+        self.drafter_addresses: list[str] = []
+        self.drafter_address: str | None = None
 
     @property
     def address(self) -> str:
         return f"{self.config.host}:{self.port}"
 
     def start(self) -> "Cluster":
+        """Start verifier, drafters and gateway in that order. Each binds a port of its own
+        choosing (or the configured public port) and names it in a port file, so no port is
+        picked ahead of time and lost to another bind before the service takes it."""
         cfg = self.config
         if cfg.tp < 1 or cfg.drafters < 0:
             raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={cfg.tp}, drafters={cfg.drafters}")
-        py = [sys.executable, "-m"]
-        verifier_port = free_port(cfg.host)
-        self.verifier_address = f"{cfg.host}:{verifier_port}"
+        self._port_dir = Path(tempfile.mkdtemp(prefix="minedraft-ports-"))
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
         self._common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
                         "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
-        self._spawn("verifier", py + ["verifier_svc", "--model", cfg.target, "--port", str(verifier_port),
-                                      "--device", cfg.target_device, "--threads", str(cfg.target_threads),
-                                      "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
-                    + self._common
-                    + ([] if cfg.synthetic_acceptance is None else
-                       ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
-        self.drafter_addresses: list[str] = []
-        for _ in range(cfg.drafters if cfg.mode != "ar" else 0):
-            self.drafter_addresses.append(self._spawn_drafter())
-        self.drafter_address = self.drafter_addresses[0] if self.drafter_addresses else None
-        drafter_flags = [flag for address in self.drafter_addresses for flag in ("--drafter", address)]
-        self._spawn("gateway", py + ["gateway", "--host", cfg.host, "--port", str(self.port),
-                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
-                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
-                                     "--log-level", cfg.log_level] + drafter_flags)
         try:
+            self._spawn("verifier", ["verifier_svc", "--model", cfg.target, "--port", "0",
+                                     "--device", cfg.target_device, "--threads", str(cfg.target_threads),
+                                     "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
+                        + self._common
+                        + ([] if cfg.synthetic_acceptance is None else
+                           ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
+            self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
+            names = [self._spawn_drafter() for _ in range(cfg.drafters if cfg.mode != "ar" else 0)]
+            self.drafter_addresses = [f"{cfg.host}:{self._wait_port(name)}" for name in names]
+            self.drafter_address = self.drafter_addresses[0] if self.drafter_addresses else None
+            drafter_flags = [flag for address in self.drafter_addresses for flag in ("--drafter", address)]
+            self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
+                                    "--verifier", self.verifier_address, "--mode", cfg.mode,
+                                    "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
+                                    "--log-level", cfg.log_level] + drafter_flags)
+            self.port = self._wait_port("gateway")
             asyncio.run(self._wait_ready(self.address))
         except BaseException:
             self.stop()
@@ -97,25 +99,36 @@ class Cluster:
         return self
 
     def _spawn_drafter(self, register: bool = False) -> str:
-        """Start one more drafter; -> its address. With register it joins the running
+        """Start one more drafter; -> its process name. With register it joins the running
         gateway's pool itself (as replicas started by an orchestrator do)."""
         cfg = self.config
-        port = free_port(cfg.host)
         name = f"drafter-{sum(n.startswith('drafter') for n in self.procs)}"
-        self._spawn(name, [sys.executable, "-m", "drafter_svc", "--model", cfg.draft, "--port", str(port),
+        self._spawn(name, ["drafter_svc", "--model", cfg.draft, "--port", "0",
                            "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
                            "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address] + self._common
                     + (["--register-with", self.address] if register else []))
-        return f"{cfg.host}:{port}"
+        return name
 
     def add_drafter(self) -> tuple[str, str]:
         """A drafter joining the running pool; returns once the gateway lists it.
         -> (process name, address)."""
-        address = self._spawn_drafter(register=True)
-        name = list(self.procs)[-1]
+        name = self._spawn_drafter(register=True)
+        address = f"{self.config.host}:{self._wait_port(name)}"
         asyncio.run(self._wait_listed(address))
         self.drafter_addresses.append(address)
         return name, address
+
+    def _wait_port(self, name: str) -> int:
+        """The port `name` bound, from its port file; fails fast if the process died."""
+        path = self._port_dir / name
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        while not path.exists():
+            if self.procs[name].poll() is not None:
+                raise RuntimeError(f"{name} exited during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} did not start serving within {self.config.startup_timeout_s:.0f} s")
+            time.sleep(0.05)
+        return int(path.read_text())
 
     async def _wait_listed(self, address: str) -> None:
         import grpc
@@ -142,6 +155,8 @@ class Cluster:
         proc.wait()
 
     def _spawn(self, name: str, argv: list[str]) -> None:
+        """python -m <argv>, in its own session (a Ctrl-C at the terminal reaches only us)."""
+        argv = [sys.executable, "-m", *argv, "--port-file", str(self._port_dir / name)]
         self.procs[name] = subprocess.Popen(argv, start_new_session=True)
 
     async def _wait_ready(self, address: str) -> None:
@@ -173,6 +188,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self._port_dir is not None:
+            shutil.rmtree(self._port_dir, ignore_errors=True)
 
     def __enter__(self) -> "Cluster":
         return self.start()

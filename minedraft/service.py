@@ -30,6 +30,7 @@ def add_runner_args(parser: argparse.ArgumentParser, default_model: str) -> None
     parser.add_argument("--num-blocks", type=int, default=4096)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port-file", default="", help="write the bound port here once serving (with --port 0)")
     parser.add_argument("--log-level", default="INFO")
     parser.add_argument("--random-weights", action="store_true", help=argparse.SUPPRESS)
 
@@ -95,8 +96,11 @@ def place_process(cpus: str) -> None:
 
 
 async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: str, port: int,
-                       service_names: list[str]) -> tuple[grpc.aio.Server, int]:
-    """Start a grpc.aio server with the standard health service; -> (server, bound port)."""
+                       service_names: list[str], port_file: str = "") -> tuple[grpc.aio.Server, int]:
+    """Start a grpc.aio server with the standard health service; -> (server, bound port).
+
+    port 0 binds any free port; port_file then tells a launcher which one, once serving
+    (choosing a free port for a child ahead of time races with every other bind on the host)."""
     server = grpc.aio.server(options=[("grpc.max_send_message_length", 256 << 20),
                                       ("grpc.max_receive_message_length", 256 << 20)])
     add_servicers(server)
@@ -108,6 +112,11 @@ async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: s
     await server.start()
     for name in ["", *service_names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if port_file:
+        partial = f"{port_file}.partial"
+        with open(partial, "w") as f:
+            f.write(str(bound))
+        os.replace(partial, port_file)          # readers never see a half-written file
     return server, bound
 
 

@@ -11,6 +11,7 @@ import grpc
 from minedraft import bundled
 from minedraft.launcher import Cluster
 from minedraft.llm import LLM
+from minedraft.sampling_params import SamplingParams
 from minedraft.v1 import (
     engine_pb2,
     engine_pb2_grpc,
@@ -22,6 +23,13 @@ TARGET = os.environ.get("MINEDRAFT_TEST_TARGET", bundled.TARGET)
 DRAFT = os.environ.get("MINEDRAFT_TEST_DRAFT", bundled.DRAFT)
 MAX_TOKENS = 24
 NEAR_TIE = 1e-5
+
+
+def greedy_reference(prompts: list[str], max_tokens: int) -> tuple[LLM, list[list[int]]]:
+    """The in-process target's plain greedy output: what every served mode must reproduce."""
+    llm = LLM(TARGET, dtype="float32")
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True), mode="ar", max_batch=8)
+    return llm, [o.token_ids for o in outputs]
 
 
 def stub(cluster: Cluster):

@@ -9,12 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from cluster_helpers import (DRAFT, MAX_TOKENS, TARGET, assert_blocks_returned, generate_all, is_near_tie,
-                             request, stub)
+from cluster_helpers import (DRAFT, MAX_TOKENS, TARGET, assert_blocks_returned, generate_all,
+                             greedy_reference, is_near_tie, request, stub)
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.llm import LLM
-from minedraft.sampling_params import SamplingParams
 from minedraft.v1 import generation_pb2, generation_pb2_grpc
 
 LONG = 48     # tokens per request in the kill test: long enough to kill mid-run
@@ -27,9 +26,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    llm = LLM(TARGET, dtype="float32")
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=LONG, ignore_eos=True), mode="ar", max_batch=8)
-    return llm, [o.token_ids for o in outputs]
+    return greedy_reference(prompts, LONG)
 
 
 def _config(**overrides) -> ServeConfig:

@@ -8,7 +8,7 @@ import time
 
 import grpc
 import pytest
-from cluster_helpers import DRAFT, MAX_TOKENS, TARGET
+from cluster_helpers import DRAFT, MAX_TOKENS, TARGET, greedy_reference
 from cluster_helpers import assert_blocks_returned as _assert_blocks_returned
 from cluster_helpers import generate_all as _generate_all
 from cluster_helpers import is_near_tie as _is_near_tie
@@ -17,8 +17,6 @@ from cluster_helpers import stub as _stub
 
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
-from minedraft.llm import LLM
-from minedraft.sampling_params import SamplingParams
 from minedraft.v1 import (
     generation_pb2,
 )
@@ -49,10 +47,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    llm = LLM(TARGET, dtype="float32")
-    params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    outputs = llm.generate(prompts, params, mode="ar", max_batch=8)
-    return llm, [o.token_ids for o in outputs]
+    return greedy_reference(prompts, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("mode,k", [("ar", 0), ("sd", 1), ("sd", 3), ("sd", 5), ("psd", 1), ("psd", 3), ("psd", 5)])

@@ -3,8 +3,8 @@ every mode equals TP = 1's, and `minedraft serve --tp 2 --drafters 2` answers a 
 
 from __future__ import annotations
 
-import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -13,13 +13,10 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from cluster_helpers import (DRAFT, MAX_TOKENS, TARGET, assert_blocks_returned, generate_all, is_near_tie,
-                             request, stub)
+from cluster_helpers import (DRAFT, MAX_TOKENS, TARGET, assert_blocks_returned, generate_all,
+                             greedy_reference, is_near_tie, request, stub)
 from minedraft import bundled
-from minedraft.launcher import Cluster, ServeConfig, free_port
-from minedraft.llm import LLM
-from minedraft.sampling_params import SamplingParams
-from minedraft.service import wait_healthy
+from minedraft.launcher import Cluster, ServeConfig
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 
@@ -30,9 +27,7 @@ def prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(prompts):
-    llm = LLM(TARGET, dtype="float32")
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True), mode="ar", max_batch=8)
-    return llm, [o.token_ids for o in outputs]
+    return greedy_reference(prompts, MAX_TOKENS)
 
 
 @pytest.mark.parametrize("mode,k", [("ar", 0), ("sd", 3), ("psd", 3)])
@@ -62,13 +57,20 @@ def test_tp2_greedy_equals_tp1(prompts, reference, mode, k):
 
 
 def test_serve_cli_tp2_two_drafters_streams():
-    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "minedraft.cli", "serve", "--tp", "2", "--drafters", "2",
-                             "--port", str(port), "--num-blocks", "256", "--target-cpus", "", "--draft-cpus", ""],
+                             "--port", "0", "--num-blocks", "256", "--target-cpus", "", "--draft-cpus", ""],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines = []
     try:
-        asyncio.run(wait_healthy(f"127.0.0.1:{port}", 300))
-        gateway = stub(SimpleNamespace(address=f"127.0.0.1:{port}"))
+        for line in proc.stdout:                    # "... serving on HOST:PORT; Ctrl-C stops all services"
+            lines.append(line)
+            found = re.search(r"serving on (\S+);", line)
+            if found:
+                address = found.group(1)
+                break
+        else:
+            pytest.fail("serve exited before serving:\n" + "".join(lines))
+        gateway = stub(SimpleNamespace(address=address))
         chunks = list(gateway.GenerateStream(request(bundled.load_prompts(1)[0], max_tokens=12), timeout=120))
         assert sum(len(c.token_ids) for c in chunks) == 12 and chunks[-1].finish_reason == "length"
         info = gateway.GetServerInfo(generation_pb2.ServerInfoRequest(), timeout=10)
@@ -76,5 +78,5 @@ def test_serve_cli_tp2_two_drafters_streams():
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, output
+    assert proc.returncode == 0, "".join(lines) + output
     assert "all services stopped" in output

@@ -128,7 +128,7 @@ async def serve(args: argparse.Namespace) -> None:
                              device=executor.device)
     servicer = VerifierServicer(executor, pairings, args.model)
     server, port = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                      args.host, args.port, ["minedraft.v1.Verifier"])
+                                      args.host, args.port, ["minedraft.v1.Verifier"], args.port_file)
     logger.info("verifier serving %s on %s:%d (tp %d, data plane %s)", args.model, args.host, port,
                 args.tp, args.data_plane)
     try:
