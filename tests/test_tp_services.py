@@ -80,3 +80,23 @@ def test_serve_cli_tp2_two_drafters_streams():
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, "".join(lines) + output
     assert "all services stopped" in output
+
+
+def test_verifier_rank_flags_and_torchrun_environment(monkeypatch):
+    from verifier_svc.main import parse_args, rank_cpus, rank_device
+
+    args = parse_args(["--tp", "4", "--tp-rank", "2", "--tp-address", "10.0.0.1:29500"])
+    assert (args.tp, args.tp_rank, args.tp_address) == (4, 2, "10.0.0.1:29500")
+    with pytest.raises(SystemExit):
+        parse_args(["--tp", "2", "--tp-rank", "1"])              # a lone rank must know the store
+    with pytest.raises(SystemExit):
+        parse_args(["--tp", "2", "--tp-rank", "2", "--tp-address", "h:1"])
+    for key, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "3", "MASTER_ADDR": "node0",
+                       "MASTER_PORT": "29400"}.items():
+        monkeypatch.setenv(key, value)
+    args = parse_args([])
+    assert (args.tp, args.tp_rank, args.tp_address) == (4, 3, "node0:29400")
+    assert rank_device("cuda", 3, 4) == ("cuda:3", "nccl")       # one GPU per rank: NCCL
+    assert rank_device("cuda:0", 3, 4) == ("cuda:0", "gloo")     # ranks share a GPU: staged gloo
+    assert rank_device("cpu", 1, 2) == ("cpu", "gloo")
+    assert rank_cpus("0-3", 1, 2) == "2,3" and rank_cpus("0", 1, 2) == "0"
