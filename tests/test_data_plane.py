@@ -166,3 +166,52 @@ def test_gloo_pair_moves_payloads_bit_exactly() -> None:
     expected_bytes = sum(make_payload(*step).nbytes for step in STEPS)
     assert reports["verifier"] == ("ok", expected_bytes), reports
     assert reports["drafter"] == ("ok", expected_bytes), reports
+
+
+# ---------------------------------------------------------------- the verifier's pairings
+
+def _drafter_then_die(host: str, port: int) -> None:
+    import os
+
+    from minedraft.data_plane import DistributedDraftSender
+
+    torch.set_num_threads(1)
+    sender = DistributedDraftSender(host, port, connect_timeout_s=20)
+    sender.send(make_payload(1, 4, None))
+    os._exit(0)                      # gone without a goodbye, as a killed drafter is
+
+
+def test_pairing_delivers_then_reports_drafts_lost_with_their_drafter() -> None:
+    from minedraft.data_plane import DraftPairings
+
+    pairings = DraftPairings("gloo", "127.0.0.1", "127.0.0.1", connect_timeout_s=20)
+    address = pairings.connect("d1")
+    host, _, port = address.rpartition(":")
+    proc = mp.get_context("spawn").Process(target=_drafter_then_die, args=(host, int(port)))
+    proc.start()
+    try:
+        got = pairings.recv("d1", 1, 4, False, VOCAB, torch.float32, timeout_s=30)
+        assert got is not None and same_payload(got, make_payload(1, 4, None))
+        proc.join(20)
+        assert pairings.recv("d1", 2, 3, False, VOCAB, torch.float32, timeout_s=30) is None
+        assert "d1" not in pairings                       # the dead pairing is dropped
+        assert pairings.recv("nobody", 3, 1, False, VOCAB, torch.float32) is None
+    finally:
+        pairings.close()
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_inband_pairings_keep_drafters_apart() -> None:
+    from minedraft.data_plane import DraftPairings
+
+    pairings = DraftPairings("inband", "127.0.0.1", "127.0.0.1")
+    assert pairings.connect("a") == "" and pairings.connect("b") == ""
+    pairings.deliver("a", make_payload(5, 2, None))
+    pairings.deliver("b", make_payload(5, 3, torch.float32))     # same step id, another drafter
+    assert same_payload(pairings.recv("b", 5, 3, True, VOCAB, torch.float32), make_payload(5, 3, torch.float32))
+    assert same_payload(pairings.recv("a", 5, 2, False, VOCAB, torch.float32), make_payload(5, 2, None))
+    with pytest.raises(KeyError, match="drafter_id"):
+        pairings.deliver("c", make_payload(6, 1, None))
+    with pytest.raises(ValueError, match="drafter_id"):
+        pairings.connect("")
