@@ -224,20 +224,43 @@ class BatchManager:
                     await self._flush_frees()       # nothing in flight to carry them
                 await batch.has_work.wait()
                 continue
+            if self.config.mode == "ar":
+                await self._decode(batch)
+                continue
             self._step_id += 1
             step_id = self._step_id
-            if self.config.mode == "ar":
-                batch.drafted, batch.sources = [(r, 0, 0) for r in batch.to_draft()], []
-            else:
-                try:
-                    await self._draft(step_id, batch)
-                except Exception as err:            # noqa: BLE001 - the batch fails, others go on
-                    self._fail_batch(batch, err)
-                    continue
+            try:
+                await self._draft(step_id, batch)
+            except Exception as err:                # noqa: BLE001 - the batch fails, others go on
+                self._fail_batch(batch, err)
+                continue
             try:
                 await self._verify(step_id, batch)
             except Exception as err:                # noqa: BLE001
                 self._fail_batch(batch, err)
+
+    async def _decode(self, batch: Batch) -> None:
+        """Plain decoding keeps two steps of the batch in flight: the next is sent before the
+        current one answers and runs right after it on the verifier (after_step_id), which
+        owns the tokens, so it never waits for a round trip through the gateway. A request
+        that finishes at step n had one more token computed at step n + 1; it is dropped."""
+        in_flight: deque[asyncio.Future] = deque()
+        previous = 0
+        while True:
+            live = batch.to_draft()
+            if live and len(in_flight) < 2:
+                self._step_id += 1
+                items = [(r, 0, 0) for r in live]
+                in_flight.append(asyncio.ensure_future(self._verify_items(self._step_id, items, [], previous)))
+                previous = self._step_id
+                continue
+            if not in_flight:
+                return
+            try:
+                await in_flight.popleft()
+            except Exception as err:                # noqa: BLE001
+                self._fail_batch(batch, err)
+            self._kick()
 
     async def _flush_frees(self) -> None:
         """When idle, hand finished requests back to the services at once (no call to ride on)."""
@@ -261,7 +284,14 @@ class BatchManager:
             step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=time.perf_counter() - start, **fields))
 
     async def _verify(self, step_id: int, batch: Batch) -> engine_pb2.VerifyStepResponse:
-        items = batch.drafted or []
+        try:
+            return await self._verify_items(step_id, batch.drafted or [], batch.sources)
+        finally:
+            batch.drafted = None
+
+    async def _verify_items(self, step_id: int, items: list[tuple[ActiveRequest, int, int]],
+                            sources: list[engine_pb2.DraftSource],
+                            after_step_id: int = 0) -> engine_pb2.VerifyStepResponse:
         new_requests = []
         for req, _, _ in items:
             if req.live and not req.known_to_verifier:
@@ -273,12 +303,9 @@ class BatchManager:
             step_id=step_id, new_requests=new_requests, finished=finished,
             items=[engine_pb2.VerifyItem(request_id=r.request_id, num_draft=k, source=source)
                    for r, k, source in items],
-            sources=batch.sources)
+            sources=sources, after_step_id=after_step_id)
         start = time.perf_counter()
-        try:
-            response = await self.verifier.Step(message)
-        finally:
-            batch.drafted = None
+        response = await self.verifier.Step(message)
         self._record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
                      verify_batch=len(response.results), verify_rpc_s=time.perf_counter() - start)
         results = {r.request_id: r for r in response.results}

@@ -79,3 +79,31 @@ def test_lost_drafts_still_give_one_token(executor):
         assert [(r.request_id, r.num_draft, len(r.token_ids)) for r in response.results] == [("p", 0, 1)]
     finally:
         verifier.remove_request("p")
+
+
+def test_a_step_naming_its_predecessor_runs_after_it_whatever_the_arrival_order():
+    """Plain decoding sends step n + 1 before step n answers; if n + 1 arrives first it must
+    still run second (its tokens follow n's)."""
+    import asyncio
+
+    from verifier_svc.servicer import VerifierServicer
+
+    ran: list[int] = []
+
+    class RecordingExecutor:
+        def lead(self, request, pairings):
+            ran.append(request.step_id)
+            return engine_pb2.VerifyStepResponse(step_id=request.step_id)
+
+    async def scenario() -> None:
+        servicer = VerifierServicer(RecordingExecutor(), pairings=None, model_name="m")
+        second = asyncio.ensure_future(servicer.Step(engine_pb2.VerifyStepRequest(step_id=2, after_step_id=1), None))
+        await asyncio.sleep(0.05)
+        assert ran == []                               # waits for step 1 to be queued
+        first = asyncio.ensure_future(servicer.Step(engine_pb2.VerifyStepRequest(step_id=1), None))
+        await asyncio.gather(first, second)
+        third = await servicer.Step(engine_pb2.VerifyStepRequest(step_id=3, after_step_id=2), None)
+        assert third.step_id == 3
+
+    asyncio.run(scenario())
+    assert ran == [1, 2, 3]

@@ -1,9 +1,10 @@
 """gRPC handlers of the verifier (tensor-parallel rank 0): transport only.
 
 All model work runs on one compute thread so the event loop never blocks; steps are
-serialised there in arrival order. Each step is handed to `StepExecutor.lead`, which takes
-its drafts off the data plane (one pairing per drafter, matched by the drafter's step id)
-and shares the step with the other tensor-parallel ranks.
+serialised there in arrival order, and a step that names a predecessor (after_step_id)
+queues behind it. Each step is handed to `StepExecutor.lead`, which takes its drafts off the
+data plane (one pairing per drafter, matched by the drafter's step id) and shares the step
+with the other tensor-parallel ranks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from minedraft.service import engine_info
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from verifier_svc.steps import StepExecutor
 
+_STEPS_REMEMBERED = 1024
+
 
 class VerifierServicer(engine_pb2_grpc.VerifierServicer):
     def __init__(self, executor: StepExecutor, pairings: DraftPairings, model_name: str) -> None:
@@ -26,15 +29,35 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         self.pairings = pairings
         self.model_name = model_name
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self._steps_queued: dict[int, asyncio.Event] = {}
 
     async def Step(self, request: engine_pb2.VerifyStepRequest, context) -> engine_pb2.VerifyStepResponse:
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self.compute, self.executor.lead, request, self.pairings)
+            if request.after_step_id:
+                await self._queued(request.after_step_id).wait()
+                self._steps_queued.pop(request.after_step_id, None)
+            # The compute thread runs its queue in order: once queued, a step's successor may
+            # queue behind it at once, so the thread goes from one straight to the next.
+            result = loop.run_in_executor(self.compute, self.executor.lead, request, self.pairings)
+            self._queued(request.step_id).set()
+            return await result
         except (ValueError, KeyError) as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"verify step {request.step_id}: {err}")
         except OutOfBlocks as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+        finally:
+            self._queued(request.step_id).set()      # also when it failed: its successor may go
+
+    def _queued(self, step_id: int) -> asyncio.Event:
+        """Set once step `step_id` is in the compute queue. Only the latest steps are
+        remembered: a step names the one just before it, so older ones are never waited for."""
+        event = self._steps_queued.get(step_id)
+        if event is None:
+            event = self._steps_queued[step_id] = asyncio.Event()
+            while len(self._steps_queued) > _STEPS_REMEMBERED:
+                self._steps_queued.pop(next(iter(self._steps_queued)))
+        return event
 
     async def ConnectDrafter(self, request: engine_pb2.ConnectDrafterRequest,
                              context) -> engine_pb2.ConnectDrafterResponse:

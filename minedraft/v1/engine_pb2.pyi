@@ -86,18 +86,20 @@ class DraftSource(_message.Message):
     def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "finished", "items", "sources")
+    __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "after_step_id")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    AFTER_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     finished: _containers.RepeatedScalarFieldContainer[str]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
     sources: _containers.RepeatedCompositeFieldContainer[DraftSource]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ...) -> None: ...
+    after_step_id: int
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ..., after_step_id: _Optional[int] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_draft")
