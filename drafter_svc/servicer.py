@@ -33,7 +33,6 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self.probs_dtype = probs_dtype
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft")
         self.sending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="send")
-        self._last_send: tuple[float, int] = (0.0, 0)
 
     async def Step(self, request: engine_pb2.DraftStepRequest, context) -> engine_pb2.DraftStepResponse:
         loop = asyncio.get_running_loop()
@@ -60,16 +59,12 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         probs = None if output.draft_probs is None else output.draft_probs.to(self.probs_dtype)
         if flat:
             payload = DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64), probs)
-            self.sending.submit(self._send, payload)
-        send_s, sent_bytes = self._last_send
+            self.sending.submit(self.sender.send, payload)
+        # The send runs after this answer: these are the previous completed send's figures.
         return engine_pb2.DraftStepResponse(
-            step_id=request.step_id, busy_s=busy_s, send_s=send_s, sent_bytes=sent_bytes,
+            step_id=request.step_id, busy_s=busy_s, send_s=self.sender.last_seconds,
+            sent_bytes=self.sender.last_bytes,
             free_blocks=self.drafter.runner.blocks.num_free_blocks, with_probs=probs is not None)
-
-    def _send(self, payload: DraftPayload) -> None:
-        start = time.perf_counter()
-        self.sender.send(payload)
-        self._last_send = (time.perf_counter() - start, payload.nbytes)
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
         info = engine_info(self.drafter.runner, self.model_name, self.data_plane)

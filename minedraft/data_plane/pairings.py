@@ -43,8 +43,6 @@ class DraftPairings:
         self.connect_timeout_s = connect_timeout_s
         self._pairings: dict[str, _Pairing] = {}
         self._lock = threading.Lock()
-        self.bytes_moved = 0
-        self.seconds = 0.0
 
     def __contains__(self, drafter_id: str) -> bool:
         return drafter_id in self._pairings
@@ -104,8 +102,6 @@ class DraftPairings:
                            drafter_id, step_id, err)
             self.disconnect(drafter_id)
             return None
-        self.bytes_moved += pairing.receiver.last_bytes
-        self.seconds += pairing.receiver.last_seconds
         return payload
 
     def disconnect(self, drafter_id: str) -> None:

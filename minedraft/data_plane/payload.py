@@ -43,7 +43,10 @@ class DraftPayload:
 
 
 class DraftSender(Protocol):
-    """Drafter side of the data plane."""
+    """Drafter side of the data plane; reports its last completed transfer."""
+
+    last_bytes: int
+    last_seconds: float
 
     def send(self, payload: DraftPayload) -> None: ...
 
