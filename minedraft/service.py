@@ -67,6 +67,14 @@ def resolve_device(device: str, lock_dir: str) -> tuple[str, IO | None]:
     return f"cuda:{zlib.crc32(f'{socket.gethostname()}:{os.getpid()}'.encode()) % count}", None
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now, for a rendezvous address handed to child processes at once.
+    Another bind can take it before they do; a service's own port is better bound as 0."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def advertised_host(bind_host: str, advertise: str = "") -> str:
     """The host name peers should dial: the bind address unless it is a wildcard, in which
     case (or with 'auto') this machine's address as its own resolver sees it."""

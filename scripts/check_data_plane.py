@@ -7,13 +7,13 @@ time of a full-vocabulary payload (64 drafts with bfloat16 probability rows).
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import sys
 import time
 
 import torch
 
 from minedraft.data_plane import DistributedDraftReceiver, DistributedDraftSender, DraftPayload
+from minedraft.service import free_port
 
 STEP, NUM_TOKENS = 7, 64
 
@@ -33,9 +33,7 @@ def _drafter(port: int, backend: str, device: str, vocab: int) -> None:
 def main(vocab: int = 151936) -> int:
     two_gpus = torch.cuda.is_available() and torch.cuda.device_count() > 1
     backend, devices = ("nccl", ("cuda:0", "cuda:1")) if two_gpus else ("gloo", ("cpu", "cpu"))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = mp.get_context("spawn").Process(target=_drafter, args=(port, backend, devices[1], vocab))
     proc.start()
     receiver = DistributedDraftReceiver("127.0.0.1", port, backend=backend, device=devices[0])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import sys
 import time
 
@@ -24,6 +23,7 @@ from minedraft.config import RunnerConfig
 from minedraft.model_runner import ForwardChunk, ModelRunner
 from minedraft.parallel import TPGroup
 from minedraft.sampling_params import SamplingParams
+from minedraft.service import free_port
 from minedraft.verifier import Verifier
 
 
@@ -78,9 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         devices, backend = ["cuda:0", "cuda:0"], "gloo"
     else:
         devices, backend = ["cpu", "cpu"], "gloo"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start = time.perf_counter()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 import threading
 import traceback
 
@@ -13,6 +12,7 @@ import torch
 from minedraft.data_plane import (DistributedDraftReceiver, DraftPayload, InBandDraftReceiver,
                                   InBandDraftSender, connect_pair, decode_payload,
                                   encode_payload, step_tags)
+from minedraft.service import free_port
 
 VOCAB = 13
 # (step_id, num_tokens, probs dtype or None for a greedy drafter); more tokens than fit in
@@ -138,16 +138,10 @@ def _verifier_main(port: int, results: mp.Queue) -> None:
         results.put(("verifier", "error", traceback.format_exc()))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_gloo_pair_moves_payloads_bit_exactly() -> None:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=main, args=(port, results), daemon=True)
              for main in (_verifier_main, _drafter_main)]
     for proc in procs:

@@ -10,7 +10,6 @@ import importlib
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from concurrent import futures
@@ -20,6 +19,8 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from minedraft.service import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -335,9 +336,7 @@ def test_healthcheck_not_serving_exits_1(health_server):
 
 
 def test_healthcheck_without_server_or_with_bad_usage_exits_1():
-    with socket.socket() as sock:        # a port nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{sock.getsockname()[1]}"
+    address = f"127.0.0.1:{free_port()}"            # a port nothing listens on
     result = _probe(address, "--timeout", "2")
     assert result.returncode == 1 and "UNAVAILABLE" in result.stdout
     assert _probe().returncode == 1          # missing address: 1, never Docker's reserved 2

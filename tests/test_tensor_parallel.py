@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import socket
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from minedraft.model.transformer import CausalLM
 from minedraft.model_runner import ForwardChunk, ModelRunner
 from minedraft.parallel import TPGroup
 from minedraft.sampling_params import SamplingParams
+from minedraft.service import free_port
 from minedraft.verifier import Verifier
 
 TARGET = Path(__file__).resolve().parents[1] / "minedraft" / "bundled" / "target"
@@ -144,12 +144,6 @@ def _worker(rank: int, port: int, tiny: str, out_dir: str, results) -> None:
         results.put((rank, traceback.format_exc()))
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory) -> Path:
     return _save_tiny_checkpoint(tmp_path_factory.mktemp("tp") / "tiny-llama")
@@ -166,7 +160,7 @@ def ranks(tiny_checkpoint, tmp_path_factory) -> list[dict]:
     out_dir = tmp_path_factory.mktemp("tp-results")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(rank, port, str(tiny_checkpoint), str(out_dir), results),
                          daemon=True) for rank in range(TP_SIZE)]
     for proc in procs:

@@ -16,13 +16,12 @@ import argparse
 import asyncio
 import logging
 import os
-import socket
 import subprocess
 import sys
 
 from minedraft import bundled
-from minedraft.service import (add_runner_args, advertised_host, parse_cpus, place_process, run, runner_config,
-                               start_server)
+from minedraft.service import (add_runner_args, advertised_host, free_port, parse_cpus, place_process, run,
+                               runner_config, start_server)
 
 logger = logging.getLogger("minedraft.verifier")
 
@@ -90,9 +89,7 @@ def rank_cpus(cpus: str, rank: int, tp: int) -> str:
 
 def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subprocess.Popen]:
     if not args.tp_address:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            args.tp_address = f"127.0.0.1:{sock.getsockname()[1]}"
+        args.tp_address = f"127.0.0.1:{free_port()}"
     base = [sys.executable, "-m", "verifier_svc", *argv, "--tp", str(args.tp), "--tp-address", args.tp_address]
     return [subprocess.Popen(base + ["--tp-rank", str(rank)]) for rank in range(1, args.tp)]
 
