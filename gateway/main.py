@@ -61,8 +61,7 @@ async def serve(args: argparse.Namespace) -> None:
                              max_batch=args.max_batch, kv_blocks=kv_blocks, block_size=block_size)
     manager = BatchManager(config, verifier, pool)
     tokenizer = TextTokenizer(args.tokenizer or target_info.model)
-    info = server_info(args.mode, config.k, args.max_batch, target_info.model, "", 0)
-    info.synthetic_acceptance = target_info.synthetic_acceptance
+    info = server_info(args.mode, config.k, args.max_batch, target_info.model, target_info.synthetic_acceptance)
     if target_info.synthetic_acceptance:
         logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance %.2f): "
                        "outputs are not the target model's", target_info.synthetic_acceptance)

@@ -57,7 +57,7 @@ class SchedulerConfig:
     mode: str
     k: int
     max_batch: int              # m: requests per batch
-    kv_blocks: int              # the smaller KV cache of drafter and verifier, in blocks
+    kv_blocks: int              # the verifier's KV cache, in blocks (each drafter's is checked by the pool)
     block_size: int
 
     def __post_init__(self) -> None:

@@ -111,9 +111,11 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         return generation_pb2.StepStats(steps=steps)
 
 
-def server_info(mode: str, k: int, max_batch: int, target: str, draft: str, num_drafters: int) -> generation_pb2.ServerInfo:
+def server_info(mode: str, k: int, max_batch: int, target: str,
+                synthetic_acceptance: float) -> generation_pb2.ServerInfo:
+    """What stays fixed while the gateway runs; the pool's part is filled in per call."""
     return generation_pb2.ServerInfo(version=__version__, mode=mode, k=k, target_model=target,
-                                     draft_model=draft, max_batch=max_batch, num_drafters=num_drafters)
+                                     max_batch=max_batch, synthetic_acceptance=synthetic_acceptance)
 
 
 REGISTER_TIMEOUT_S = 10.0

@@ -126,7 +126,7 @@ class Client:
     def register_drafter(self, address: str, timeout: Timeout = CLIENT_TIMEOUT) -> list[DrafterInfo]:
         """Add the drafter at HOST:PORT to the pool (no-op if already there); returns the pool.
 
-        The gateway waits for the drafter to answer, up to its own --connect-timeout.
+        The gateway waits up to 10 s for the drafter to answer.
         """
         pool = self._unary(self._pool.Register, generation_pb2.DrafterEndpoint(address=address),
                            timeout)
