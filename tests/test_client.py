@@ -258,15 +258,20 @@ def test_unreachable_server():
             c.generate("hi")
 
 
-def test_unknown_status_maps_to_base_error():
+def rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
+    """An RpcError as a failed call raises it, without a server."""
     class FakeError(grpc.RpcError):
         def code(self) -> grpc.StatusCode:
-            return grpc.StatusCode.INTERNAL
+            return code
 
         def details(self) -> str:
-            return "boom"
+            return details
 
-    error = error_from_rpc(FakeError())
+    return FakeError()
+
+
+def test_unknown_status_maps_to_base_error():
+    error = error_from_rpc(rpc_error(grpc.StatusCode.INTERNAL, "boom"))
     assert type(error) is MineDraftError and error.code == grpc.StatusCode.INTERNAL
     assert error.message == "boom"
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import grpc
 import grpc.aio
 import pytest
-from test_client import ServerThread
+from test_client import ServerThread, rpc_error
 
 from minedraft import cli
 from minedraft.client import (AsyncClient, Client, DrafterInfo, InvalidRequest, MineDraftError,
@@ -135,14 +135,7 @@ def test_errors_carry_server_message(client: Client, pool: FakeDrafterPool):
 
 
 def test_not_found_maps_to_not_found():
-    class FakeError(grpc.RpcError):
-        def code(self) -> grpc.StatusCode:
-            return grpc.StatusCode.NOT_FOUND
-
-        def details(self) -> str:
-            return "gone"
-
-    error = error_from_rpc(FakeError())
+    error = error_from_rpc(rpc_error(grpc.StatusCode.NOT_FOUND, "gone"))
     assert type(error) is NotFound and isinstance(error, MineDraftError)
     assert (error.code, error.message, str(error)) == (grpc.StatusCode.NOT_FOUND, "gone", "NOT_FOUND: gone")
 
