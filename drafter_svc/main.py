@@ -17,8 +17,12 @@ import grpc
 
 from drafter_svc.servicer import DrafterServicer
 from minedraft import bundled
-from minedraft.service import (add_runner_args, advertised_host, place_process, resolve_device, run,
-                               runner_config, start_server, wait_healthy)
+from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
+from minedraft.service.flags import add_runner_args, runner_config
+from minedraft.service.network import advertised_host
+from minedraft.service.placement import place_process, resolve_device
+from minedraft.service.runtime import run
+from minedraft.service.server import MESSAGE_SIZE_OPTIONS, start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
@@ -27,8 +31,8 @@ logger = logging.getLogger("minedraft.drafter")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="drafter_svc", description="MineDraft drafter (draft model)")
     add_runner_args(parser, default_model=bundled.DRAFT)
-    parser.add_argument("--port", type=int, default=50071)
-    parser.add_argument("--verifier", default="127.0.0.1:50061", help="the verifier's gRPC address")
+    parser.add_argument("--port", type=int, default=DRAFTER_PORT)
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier's gRPC address")
     parser.add_argument("--register-with", default="",
                         help="a gateway's HOST:PORT: join its drafter pool once serving, leave it on stop")
     parser.add_argument("--advertise-host", default="",
@@ -44,7 +48,7 @@ def _inband_put(verifier_address: str, drafter_id: str):
     """A blocking PutDrafts call, made from the drafter's send thread."""
     from minedraft.data_plane import encode_payload
 
-    channel = grpc.insecure_channel(verifier_address, options=[("grpc.max_send_message_length", 256 << 20)])
+    channel = grpc.insecure_channel(verifier_address, options=MESSAGE_SIZE_OPTIONS)
     stub = engine_pb2_grpc.VerifierStub(channel)
 
     def put(payload) -> None:

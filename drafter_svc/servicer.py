@@ -17,8 +17,7 @@ import torch
 from minedraft.data_plane import DraftPayload, DraftSender
 from minedraft.drafter import Drafter
 from minedraft.kv_cache import OutOfBlocks
-from minedraft.protocol import params_from_proto
-from minedraft.service import engine_info
+from minedraft.protocol import engine_info, params_from_proto
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 
@@ -62,9 +61,8 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
             self.sending.submit(self.sender.send, payload)
         # The send runs after this answer: these are the previous completed send's figures.
         return engine_pb2.DraftStepResponse(
-            step_id=request.step_id, busy_s=busy_s, send_s=self.sender.last_seconds,
-            sent_bytes=self.sender.last_bytes,
-            free_blocks=self.drafter.runner.blocks.num_free_blocks, with_probs=probs is not None)
+            step_id=request.step_id, busy_s=busy_s, sent_bytes=self.sender.last_bytes,
+            with_probs=probs is not None)
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
         info = engine_info(self.drafter.runner, self.model_name, self.data_plane)

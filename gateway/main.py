@@ -13,10 +13,12 @@ import logging
 import grpc
 
 from gateway.pool import DrafterPool, PoolError
-from gateway.scheduler import MODES, BatchManager, SchedulerConfig
+from gateway.scheduler import BatchManager, SchedulerConfig
 from gateway.servicer import DrafterPoolServicer, GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
-from minedraft.service import run, start_server, wait_healthy
+from minedraft.constants import DEFAULT_VERIFIER, GATEWAY_PORT, MODES
+from minedraft.service.runtime import run
+from minedraft.service.server import start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.gateway")
@@ -25,9 +27,9 @@ logger = logging.getLogger("minedraft.gateway")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, scheduler)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=50051)
+    parser.add_argument("--port", type=int, default=GATEWAY_PORT)
     parser.add_argument("--port-file", default="", help="write the bound port here once serving (with --port 0)")
-    parser.add_argument("--verifier", default="127.0.0.1:50061")
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
     parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
                         help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
                              "also join later through the DrafterPool API")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from minedraft.service import wait_healthy
+from minedraft.service.server import wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")

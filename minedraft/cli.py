@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from minedraft.constants import DATA_PLANES, DEFAULT_GATEWAY, DTYPES, MODES
+
 if TYPE_CHECKING:
     from minedraft.client import DrafterInfo
 
@@ -107,7 +109,7 @@ def _drafters(args: argparse.Namespace) -> int:
 
 def _add_drafters_parser(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default="localhost:50051", help="gateway address, HOST:PORT")
+    common.add_argument("--server", default=DEFAULT_GATEWAY, help="gateway address, HOST:PORT")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds")
     common.add_argument("--json", action="store_true", help="print the pool as one JSON object")
     drafters = sub.add_parser("drafters", help="list, add or remove drafters in a gateway's pool")
@@ -132,21 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     bench_cmd.add_parser(sub)
     defaults = ServeConfig()
     serve = sub.add_parser("serve", help="start gateway, verifier and drafter on this host")
-    serve.add_argument("--mode", default="psd", choices=["ar", "sd", "psd"])
-    serve.add_argument("--k", type=int, default=4, help="draft length")
-    serve.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
-    serve.add_argument("--port", type=int, default=50051, help="public gRPC port")
+    serve.add_argument("--mode", default=defaults.mode, choices=MODES)
+    serve.add_argument("--k", type=int, default=defaults.k, help="draft length")
+    serve.add_argument("--max-batch", type=int, default=defaults.max_batch, help="requests per batch (m)")
+    serve.add_argument("--port", type=int, default=defaults.port, help="public gRPC port")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--target", default=defaults.target, help="target model directory")
     serve.add_argument("--draft", default=defaults.draft, help="draft model directory")
-    serve.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    serve.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
     serve.add_argument("--target-device", default="cpu")
     serve.add_argument("--draft-device", default="cpu")
     serve.add_argument("--target-threads", type=int, default=1)
     serve.add_argument("--draft-threads", type=int, default=1)
     serve.add_argument("--target-cpus", default=defaults.target_cpus, help="cores for the verifier")
     serve.add_argument("--draft-cpus", default=defaults.draft_cpus, help="cores for the drafter")
-    serve.add_argument("--data-plane", default="gloo", choices=["gloo", "nccl", "inband"])
+    serve.add_argument("--data-plane", default=defaults.data_plane, choices=DATA_PLANES)
     serve.add_argument("--tp", type=int, default=1, help="verifier tensor-parallel ranks")
     serve.add_argument("--drafters", type=int, default=1, help="drafters in the pool")
     serve.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.set_defaults(func=_serve)
     gen = sub.add_parser("generate", help="send one prompt to a running gateway")
     gen.add_argument("prompt")
-    gen.add_argument("--server", default="localhost:50051", help="gateway address, HOST:PORT")
+    gen.add_argument("--server", default=DEFAULT_GATEWAY, help="gateway address, HOST:PORT")
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)

@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from minedraft.constants import DTYPES
+
 if TYPE_CHECKING:
     import torch
 
 SUPPORTED_FAMILIES = ("qwen3", "qwen2", "llama")
-DTYPES = ("float32", "bfloat16", "float16")   # names of torch dtypes; torch is imported lazily
 
 
 @dataclass(frozen=True)

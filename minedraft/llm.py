@@ -21,7 +21,7 @@ from minedraft.sampling_params import SamplingParams
 from minedraft.sequence import FinishReason, Sequence
 from minedraft.verifier import Verifier
 
-MODES = ("ar", "sd")
+MODES = ("ar", "sd")   # in-process; psd needs the services
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("gloo", "nccl")
+from minedraft.process_groups import check_backend, new_group
+
 _CONTROL_TIMEOUT = timedelta(days=365)
 
 
@@ -59,10 +60,7 @@ class TPGroup:
         """
         _check_rank(rank, size)
         device = torch.device(device)
-        if backend not in BACKENDS:
-            raise ValueError(f"tensor-parallel backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "nccl" and device.type != "cuda":
-            raise ValueError(f"backend 'nccl' needs a cuda device, got {device}")
+        check_backend(backend, device, "tensor-parallel")
         if not isinstance(port, int) or not 1 <= port <= 65535:
             raise ValueError(f"port must be an int in 1..65535, got {port!r}")
         if not timeout_s > 0:
@@ -71,15 +69,7 @@ class TPGroup:
             return cls.single(device)
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, world_size=size, is_master=(rank == 0), timeout=timeout)
-        if backend == "gloo":
-            model_group = dist.ProcessGroupGloo(dist.PrefixStore("model", store), rank, size, timeout)
-        else:
-            if not hasattr(dist, "ProcessGroupNCCL"):
-                raise RuntimeError("backend 'nccl' requested but this torch build has no NCCL")
-            torch.cuda.set_device(device)       # NCCL binds its communicator to the current device
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            model_group = dist.ProcessGroupNCCL(dist.PrefixStore("model", store), rank, size, options)
+        model_group = new_group(dist.PrefixStore("model", store), rank, size, backend, device, timeout)
         control_group = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size,
                                               _CONTROL_TIMEOUT)
         return cls(rank, size, device, store, model_group, control_group)

@@ -50,3 +50,15 @@ def stats_to_proto(stats: AcceptanceStats) -> generation_pb2.AcceptanceStats:
         num_steps=stats.num_steps, num_drafted=stats.num_drafted, num_accepted=stats.num_accepted,
         mean_acceptance_length=stats.mean_acceptance_length, acceptance_rate=stats.acceptance_rate,
         drafted_at=stats.drafted_at, accepted_at=stats.accepted_at)
+
+
+def engine_info(runner, model_name: str, data_plane: str,
+                synthetic_acceptance: float | None = None) -> engine_pb2.EngineInfo:
+    """GetInfo answer of a drafter or verifier: what the gateway sizes its admission by."""
+    cfg = runner.model_config
+    return engine_pb2.EngineInfo(
+        model=model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
+        max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
+        block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
+        dtype=runner.config.dtype, data_plane=data_plane,
+        synthetic_acceptance=synthetic_acceptance or 0.0)

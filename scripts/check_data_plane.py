@@ -13,7 +13,7 @@ import time
 import torch
 
 from minedraft.data_plane import DistributedDraftReceiver, DistributedDraftSender, DraftPayload
-from minedraft.service import free_port
+from minedraft.service.network import free_port
 
 STEP, NUM_TOKENS = 7, 64
 

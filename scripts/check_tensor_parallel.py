@@ -23,7 +23,7 @@ from minedraft.config import RunnerConfig
 from minedraft.model_runner import ForwardChunk, ModelRunner
 from minedraft.parallel import TPGroup
 from minedraft.sampling_params import SamplingParams
-from minedraft.service import free_port
+from minedraft.service.network import free_port
 from minedraft.verifier import Verifier
 
 

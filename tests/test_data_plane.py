@@ -12,7 +12,7 @@ import torch
 from minedraft.data_plane import (DistributedDraftReceiver, DraftPayload, InBandDraftReceiver,
                                   InBandDraftSender, connect_pair, decode_payload,
                                   encode_payload, step_tags)
-from minedraft.service import free_port
+from minedraft.service.network import free_port
 
 VOCAB = 13
 # (step_id, num_tokens, probs dtype or None for a greedy drafter); more tokens than fit in

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from minedraft.service import free_port
+from minedraft.service.network import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"

@@ -20,8 +20,12 @@ import subprocess
 import sys
 
 from minedraft import bundled
-from minedraft.service import (add_runner_args, advertised_host, free_port, parse_cpus, place_process, run,
-                               runner_config, start_server)
+from minedraft.service.flags import add_runner_args, runner_config
+from minedraft.service.network import advertised_host, free_port
+from minedraft.service.placement import parse_cpus, place_process
+from minedraft.constants import DATA_PLANES, VERIFIER_PORT
+from minedraft.service.runtime import configure_logging, run
+from minedraft.service.server import start_server
 
 logger = logging.getLogger("minedraft.verifier")
 
@@ -29,12 +33,12 @@ logger = logging.getLogger("minedraft.verifier")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="verifier_svc", description="MineDraft verifier (target model)")
     add_runner_args(parser, default_model=bundled.TARGET)
-    parser.add_argument("--port", type=int, default=50061)
+    parser.add_argument("--port", type=int, default=VERIFIER_PORT)
     parser.add_argument("--advertise-host", default="",
                         help="host name drafters reach this verifier's data plane at "
                              "(default: --host, or this machine's address when binding all interfaces; "
                              "'auto' = this machine's address)")
-    parser.add_argument("--data-plane", default="gloo", choices=["gloo", "nccl", "inband"],
+    parser.add_argument("--data-plane", default="gloo", choices=DATA_PLANES,
                         help="how drafts arrive: a torch.distributed pair group per drafter, or gRPC in-band")
     parser.add_argument("--tp", "--tp-size", dest="tp", type=int, default=0,
                         help="tensor-parallel ranks (default: WORLD_SIZE from torchrun, else 1)")
@@ -137,7 +141,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def follow(args: argparse.Namespace) -> None:
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    configure_logging(args.log_level)
     executor = _build(args, args.tp_rank)
     logger.info("verifier rank %d/%d ready", args.tp_rank, args.tp)
     executor.follow()

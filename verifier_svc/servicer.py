@@ -16,7 +16,7 @@ import grpc
 
 from minedraft.data_plane import DraftPairings, decode_payload
 from minedraft.kv_cache import OutOfBlocks
-from minedraft.service import engine_info
+from minedraft.protocol import engine_info
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from verifier_svc.steps import StepExecutor
 

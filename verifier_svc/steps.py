@@ -156,6 +156,5 @@ class StepExecutor:
         busy_s = time.perf_counter() - start
         return engine_pb2.VerifyStepResponse(
             step_id=request.step_id, busy_s=busy_s,
-            free_blocks=verifier.runner.blocks.num_free_blocks,
             results=[engine_pb2.VerifyResult(request_id=rid, token_ids=tokens, num_draft=len(drafts))
                      for (rid, drafts), tokens in zip(items, new_tokens)])

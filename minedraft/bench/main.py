@@ -22,10 +22,10 @@ from minedraft.bench.plots import plot_timeline, plot_vs_concurrency, plot_vs_k
 from minedraft.bench.report import overlap_ceiling, request_metrics, step_metrics
 from minedraft.bench.workload import load_prompts
 from minedraft.client import Client
+from minedraft.constants import BENCH_MODES, DATA_PLANES, DTYPES
 from minedraft.launcher import Cluster, ServeConfig
-from minedraft.service import parse_cpus
+from minedraft.service.placement import parse_cpus
 
-MODES = ("ar", "sd", "sd-colocated", "psd")
 MIN_CEILING_GAIN = 0.05   # overlap efficiency is reported where the ceiling is above 1.05
 
 
@@ -136,7 +136,7 @@ def print_table(rows: list[dict], concurrency: int) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.quick:
-        args.modes, args.k, args.concurrency = ["ar", "sd", "sd-colocated", "psd"], [4, 6], [8]
+        args.modes, args.k, args.concurrency = list(BENCH_MODES), [4, 6], [8]
         args.num_prompts = args.num_prompts or 16
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,7 +195,7 @@ def add_parser(sub) -> None:
     from minedraft import bundled
 
     bench = sub.add_parser("bench", help="benchmark ar, sd, sd-colocated and psd side by side")
-    bench.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    bench.add_argument("--modes", nargs="+", default=list(BENCH_MODES), choices=BENCH_MODES)
     bench.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
     bench.add_argument("--concurrency", type=int, nargs="+", default=[8])
     bench.add_argument("--num-prompts", type=int, default=0, help="default: 2 x concurrency")
@@ -205,7 +205,7 @@ def add_parser(sub) -> None:
     bench.add_argument("--request-rate", type=float, default=None,
                        help="open loop: Poisson arrivals per second (default: closed loop)")
     bench.add_argument("--dataset", default=None, help="ShareGPT .json, Spec-Bench question.jsonl or JSONL")
-    bench.add_argument("--data-plane", default="gloo", choices=["gloo", "inband"])
+    bench.add_argument("--data-plane", default="gloo", choices=DATA_PLANES)
     bench.add_argument("--all-cpus", default="0-1", help="cores shared by sd-colocated")
     bench.add_argument("--target", default=bundled.TARGET)
     bench.add_argument("--draft", default=bundled.DRAFT)
@@ -214,7 +214,7 @@ def add_parser(sub) -> None:
                             "whatever the models say (outputs are then not the target's)")
     bench.add_argument("--random-weights", action="store_true",
                        help="read only config.json of --target/--draft and draw random weights (timing only)")
-    bench.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    bench.add_argument("--dtype", default="float32", choices=DTYPES)
     bench.add_argument("--target-device", default="cpu")
     bench.add_argument("--draft-device", default="cpu")
     bench.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")

@@ -12,9 +12,10 @@ from typing import Any
 
 from google.protobuf.message import Message
 
+from minedraft.constants import DEFAULT_GATEWAY
 from minedraft.v1 import generation_pb2
 
-DEFAULT_TARGET = "localhost:50051"
+DEFAULT_TARGET = DEFAULT_GATEWAY
 
 
 class _Default(enum.Enum):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 
 import torch
@@ -12,6 +11,7 @@ import torch.distributed as dist
 from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS,
                                           VERIFIER_RANK, DraftPayload, _header, _TransferMeter, empty_payload,
                                           step_tags)
+from minedraft.process_groups import check_backend, new_group
 
 
 def listen_store(host: str, port: int = 0, timeout_s: float = 60.0) -> dist.TCPStore:
@@ -25,21 +25,11 @@ def _form_pair_group(host: str, port: int, rank: int, backend: str, device: torc
                      timeout: timedelta, store: dist.TCPStore | None = None
                      ) -> tuple[dist.TCPStore, dist.Backend]:
     """A private two-rank group: its own store, constructed directly, no default group."""
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"data-plane backend must be 'gloo' or 'nccl', got {backend!r}")
-    if backend == "nccl" and device.type != "cuda":
-        raise ValueError(f"backend 'nccl' needs a cuda device, got {device}")
+    check_backend(backend, device, "data-plane")
     if store is None:
         store = dist.TCPStore(host, port, world_size=2, is_master=(rank == VERIFIER_RANK),
                               timeout=timeout)
-    if backend == "gloo":
-        return store, dist.ProcessGroupGloo(store, rank, 2, timeout)
-    if not hasattr(dist, "ProcessGroupNCCL"):
-        raise RuntimeError("backend 'nccl' requested but this torch build has no NCCL")
-    torch.cuda.set_device(device)       # NCCL binds its communicator to the current device
-    options = dist.ProcessGroupNCCL.Options()
-    options._timeout = timeout
-    return store, dist.ProcessGroupNCCL(store, rank, 2, options)
+    return store, new_group(store, rank, 2, backend, device, timeout)
 
 
 def _wait(work: dist.Work, timeout: timedelta, step_id: int, what: str) -> None:
@@ -71,8 +61,8 @@ class _DistributedEnd(_TransferMeter):
 class DistributedDraftSender(_DistributedEnd):
     """Drafter end (rank 1). `send` returns once the verifier has taken the tensors.
 
-    Gloo holds a send until the matching recv is posted, so `last_seconds` includes any time
-    spent waiting for the verifier, not only wire time.
+    Gloo holds a send until the matching recv is posted: the transfer is timed where it is
+    received (the verifier's recv_s), which is where the wait shows.
     """
 
     def __init__(self, host: str, port: int, backend: str = "gloo",
@@ -84,7 +74,6 @@ class DistributedDraftSender(_DistributedEnd):
     def send(self, payload: DraftPayload) -> None:
         if payload.num_tokens == 0:
             return
-        start = time.perf_counter()
         tokens_tag, probs_tag = step_tags(payload.step_id)
         tensors = [(_header(payload), HEADER_TAG, "header")]
         if payload.num_tokens > INLINE_TOKENS:
@@ -95,7 +84,7 @@ class DistributedDraftSender(_DistributedEnd):
             on_device = tensor.to(self.device).contiguous()
             work = self._group.send([on_device], VERIFIER_RANK, tag)
             _wait(work, self._send_timeout, payload.step_id, f"sending {what}")
-        self._record(payload.nbytes, time.perf_counter() - start)
+        self._record(payload.nbytes)
 
 
 class DistributedDraftReceiver(_DistributedEnd):
@@ -156,7 +145,6 @@ class DistributedDraftReceiver(_DistributedEnd):
              dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
         if num_tokens == 0:
             return empty_payload(step_id, with_probs, vocab_size, dtype, self.device)
-        start = time.perf_counter()
         if self._thread is None:
             payload = self._receive_one(timedelta(seconds=timeout_s))
         else:
@@ -175,7 +163,7 @@ class DistributedDraftReceiver(_DistributedEnd):
         if got != expected:
             raise ValueError(f"data plane: step {step_id} expected (step, tokens, vocab, dtype) "
                              f"{expected}, received {got}")
-        self._record(payload.nbytes, time.perf_counter() - start)
+        self._record(payload.nbytes)
         return payload
 
     def close(self) -> None:

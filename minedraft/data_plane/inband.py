@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable
 
 import numpy as np
@@ -31,9 +30,8 @@ class InBandDraftSender(_TransferMeter):
         self._put = put
 
     def send(self, payload: DraftPayload) -> None:
-        start = time.perf_counter()
         self._put(payload)
-        self._record(payload.nbytes, time.perf_counter() - start)
+        self._record(payload.nbytes)
 
     def close(self) -> None:
         pass
@@ -62,7 +60,6 @@ class InBandDraftReceiver(_TransferMeter):
 
     def recv(self, step_id: int, num_tokens: int, with_probs: bool, vocab_size: int,
              dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
-        start = time.perf_counter()
         with self._ready:
             arrived = self._ready.wait_for(
                 lambda: step_id in self._pending or self._closed, timeout=timeout_s)
@@ -72,7 +69,7 @@ class InBandDraftReceiver(_TransferMeter):
                 raise TimeoutError(f"no drafts arrived for step {step_id} within {timeout_s}s")
             payload = self._pending.pop(step_id)
         payload = _check_payload(payload, num_tokens, with_probs, vocab_size, dtype)
-        self._record(payload.nbytes, time.perf_counter() - start)
+        self._record(payload.nbytes)
         return payload
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ import threading
 
 import torch
 
+from minedraft.constants import DATA_PLANES
 from minedraft.data_plane.distributed import DistributedDraftReceiver, listen_store
 from minedraft.data_plane.inband import InBandDraftReceiver
 from minedraft.data_plane.payload import DraftPayload, DraftReceiver
@@ -35,8 +36,8 @@ class _Pairing:
 class DraftPairings:
     def __init__(self, backend: str, bind_host: str, advertise_host: str,
                  device: torch.device | str = "cpu", connect_timeout_s: float = 120.0) -> None:
-        if backend not in ("gloo", "nccl", "inband"):
-            raise ValueError(f"data plane must be 'gloo', 'nccl' or 'inband', got {backend!r}")
+        if backend not in DATA_PLANES:
+            raise ValueError(f"data plane must be one of {DATA_PLANES}, got {backend!r}")
         self.backend = backend
         self.bind_host, self.advertise_host = bind_host, advertise_host
         self.device = torch.device(device)

@@ -46,7 +46,6 @@ class DraftSender(Protocol):
     """Drafter side of the data plane; reports its last completed transfer."""
 
     last_bytes: int
-    last_seconds: float
 
     def send(self, payload: DraftPayload) -> None: ...
 
@@ -63,19 +62,15 @@ class DraftReceiver(Protocol):
 
 
 class _TransferMeter:
-    """Cumulative and last-transfer bytes and seconds, read by benchmarks."""
+    """Bytes moved in all and in the last transfer (the drafter reports the latter per step)."""
 
     def __init__(self) -> None:
         self.bytes_moved = 0
-        self.seconds = 0.0
         self.last_bytes = 0
-        self.last_seconds = 0.0
 
-    def _record(self, nbytes: int, seconds: float) -> None:
+    def _record(self, nbytes: int) -> None:
         self.bytes_moved += nbytes
-        self.seconds += seconds
         self.last_bytes = nbytes
-        self.last_seconds = seconds
 
 
 def step_tags(step_id: int) -> tuple[int, int]:

@@ -50,20 +50,16 @@ class DraftStepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("step_id", "busy_s", "send_s", "sent_bytes", "free_blocks", "with_probs")
+    __slots__ = ("step_id", "busy_s", "sent_bytes", "with_probs")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
-    SEND_S_FIELD_NUMBER: _ClassVar[int]
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
-    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     busy_s: float
-    send_s: float
     sent_bytes: int
-    free_blocks: int
     with_probs: bool
-    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., send_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., free_blocks: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
     __slots__ = ("request_id", "num_draft", "source")
@@ -112,18 +108,16 @@ class VerifyResult(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class VerifyStepResponse(_message.Message):
-    __slots__ = ("step_id", "results", "busy_s", "recv_s", "free_blocks")
+    __slots__ = ("step_id", "results", "busy_s", "recv_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     RECV_S_FIELD_NUMBER: _ClassVar[int]
-    FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
     busy_s: float
     recv_s: float
-    free_blocks: int
-    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., free_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ...) -> None: ...
 
 class DraftPayload(_message.Message):
     __slots__ = ("step_id", "drafter_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")
@@ -150,7 +144,7 @@ class EngineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "data_plane_address", "synthetic_acceptance", "drafter_id", "tp_size")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "synthetic_acceptance", "drafter_id", "tp_size")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -160,7 +154,6 @@ class EngineInfo(_message.Message):
     FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
-    DATA_PLANE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -173,11 +166,10 @@ class EngineInfo(_message.Message):
     free_blocks: int
     dtype: str
     data_plane: str
-    data_plane_address: str
     synthetic_acceptance: float
     drafter_id: str
     tp_size: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., data_plane_address: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ..., drafter_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ..., drafter_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
 
 class ConnectDrafterRequest(_message.Message):
     __slots__ = ("drafter_id",)

@@ -119,7 +119,7 @@ class StepStatsRequest(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch", "draft_rpc_s", "verify_rpc_s")
+    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_S_FIELD_NUMBER: _ClassVar[int]
@@ -130,8 +130,6 @@ class StepRecord(_message.Message):
     DATA_PLANE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_BATCH_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BATCH_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_RPC_S_FIELD_NUMBER: _ClassVar[int]
-    VERIFY_RPC_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     kind: str
     start_s: float
@@ -142,9 +140,7 @@ class StepRecord(_message.Message):
     data_plane_bytes: int
     draft_batch: int
     verify_batch: int
-    draft_rpc_s: float
-    verify_rpc_s: float
-    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ..., draft_rpc_s: _Optional[float] = ..., verify_rpc_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ...) -> None: ...
 
 class StepStats(_message.Message):
     __slots__ = ("steps",)

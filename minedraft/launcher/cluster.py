@@ -1,50 +1,20 @@
-"""`minedraft serve`: the three services on one host, as separate processes.
-
-Picks free ports, places drafter and verifier on disjoint cores, waits until every
-service reports healthy, and stops them all on Ctrl-C (or when one of them dies).
-"""
+"""The services of one host as child processes: started in order, each naming the port it
+bound in a port file (no port is picked ahead and lost to another bind), placed on disjoint
+cores, and stopped front to back. Tests drive it too (kill one service, add a drafter)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from minedraft import bundled
-from minedraft.service import wait_healthy
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    mode: str = "psd"
-    k: int = 4
-    max_batch: int = 8
-    port: int = 50051
-    host: str = "127.0.0.1"
-    target: str = bundled.TARGET
-    draft: str = bundled.DRAFT
-    dtype: str = "float32"
-    target_device: str = "cpu"
-    draft_device: str = "cpu"
-    target_threads: int = 1
-    draft_threads: int = 1
-    target_cpus: str = field(default_factory=lambda: "0" if (os.cpu_count() or 1) > 1 else "")
-    draft_cpus: str = field(default_factory=lambda: "1" if (os.cpu_count() or 1) > 1 else "")
-    data_plane: str = "gloo"       # gloo | nccl | inband
-    tp: int = 1                    # verifier tensor-parallel ranks
-    drafters: int = 1              # drafters in the pool (ar mode starts none)
-    num_blocks: int = 4096
-    log_level: str = "WARNING"
-    startup_timeout_s: float = 300.0
-    synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
-    random_weights: bool = False                # benchmarks only: config.json shapes, random weights
+from minedraft.launcher.config import ServeConfig
+from minedraft.service.server import wait_healthy
 
 
 class Cluster:
@@ -58,7 +28,6 @@ class Cluster:
         self.port = config.port             # the bound one once started (config.port 0: any)
         self.verifier_address = ""
         self.drafter_addresses: list[str] = []
-        self.drafter_address: str | None = None
 
     @property
     def address(self) -> str:
@@ -69,8 +38,6 @@ class Cluster:
         choosing (or the configured public port) and names it in a port file, so no port is
         picked ahead of time and lost to another bind before the service takes it."""
         cfg = self.config
-        if cfg.tp < 1 or cfg.drafters < 0:
-            raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={cfg.tp}, drafters={cfg.drafters}")
         self._port_dir = Path(tempfile.mkdtemp(prefix="minedraft-ports-"))
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
         self._common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
@@ -85,7 +52,6 @@ class Cluster:
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
             names = [self._spawn_drafter() for _ in range(cfg.drafters if cfg.mode != "ar" else 0)]
             self.drafter_addresses = [f"{cfg.host}:{self._wait_port(name)}" for name in names]
-            self.drafter_address = self.drafter_addresses[0] if self.drafter_addresses else None
             drafter_flags = [flag for address in self.drafter_addresses for flag in ("--drafter", address)]
             self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
@@ -196,35 +162,3 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
-def serve_forever(config: ServeConfig) -> int:
-    for sig in (signal.SIGINT, signal.SIGTERM):       # also when started with SIGINT ignored
-        signal.signal(sig, _interrupt)
-    cluster = Cluster(config)
-    cluster.start()
-    print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}, tp={config.tp}, "
-          f"drafters={config.drafters if config.mode != 'ar' else 0}) serving on {cluster.address}; "
-          f"Ctrl-C stops all services", flush=True)
-    try:
-        reported: set[str] = set()
-        while True:
-            dead = cluster.dead()
-            if "gateway" in dead or "verifier" in dead:
-                break
-            for name in set(dead) - reported:       # the pool carries on without it
-                print(f"minedraft: {name} exited; its requests moved to the other drafters", file=sys.stderr)
-                reported.add(name)
-            time.sleep(0.5)
-        print(f"minedraft: {', '.join(cluster.dead())} exited; stopping", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 0
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)     # a second Ctrl-C must not orphan services
-        cluster.stop()
-        print("minedraft: all services stopped", flush=True)

@@ -1,0 +1,23 @@
+"""Names and defaults that several commands and services share, defined once. No torch here."""
+
+from __future__ import annotations
+
+# How the Batch Manager runs the services (see gateway/batch_manager.py).
+MODES = ("ar", "sd", "psd")
+# What `minedraft bench` compares: the serving modes and sd with the drafter sharing the
+# verifier's cores, as standard speculative decoding runs.
+BENCH_MODES = ("ar", "sd", "sd-colocated", "psd")
+# Names of torch dtypes; torch itself is imported only where tensors are made.
+DTYPES = ("float32", "bfloat16", "float16")
+# How drafts travel drafter -> verifier: a torch.distributed pair group, or gRPC in-band.
+DISTRIBUTED_BACKENDS = ("gloo", "nccl")
+DATA_PLANES = (*DISTRIBUTED_BACKENDS, "inband")
+
+GATEWAY_PORT = 50051
+VERIFIER_PORT = 50061
+DRAFTER_PORT = 50071
+DEFAULT_GATEWAY = f"localhost:{GATEWAY_PORT}"
+DEFAULT_VERIFIER = f"127.0.0.1:{VERIFIER_PORT}"
+
+# The largest gRPC message any service sends or accepts.
+MAX_MESSAGE_BYTES = 256 << 20

@@ -1,0 +1,43 @@
+"""What `minedraft serve` starts: one frozen config for the three services on one host."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from minedraft import bundled
+from minedraft.constants import DATA_PLANES, GATEWAY_PORT, MODES
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    mode: str = "psd"
+    k: int = 4
+    max_batch: int = 8
+    port: int = GATEWAY_PORT
+    host: str = "127.0.0.1"
+    target: str = bundled.TARGET
+    draft: str = bundled.DRAFT
+    dtype: str = "float32"
+    target_device: str = "cpu"
+    draft_device: str = "cpu"
+    target_threads: int = 1
+    draft_threads: int = 1
+    target_cpus: str = field(default_factory=lambda: "0" if (os.cpu_count() or 1) > 1 else "")
+    draft_cpus: str = field(default_factory=lambda: "1" if (os.cpu_count() or 1) > 1 else "")
+    data_plane: str = "gloo"       # one of constants.DATA_PLANES
+    tp: int = 1                    # verifier tensor-parallel ranks
+    drafters: int = 1              # drafters in the pool (ar mode starts none)
+    num_blocks: int = 4096
+    log_level: str = "WARNING"
+    startup_timeout_s: float = 300.0
+    synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
+    random_weights: bool = False                # benchmarks only: config.json shapes, random weights
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.data_plane not in DATA_PLANES:
+            raise ValueError(f"data_plane must be one of {DATA_PLANES}, got {self.data_plane!r}")
+        if self.tp < 1 or self.drafters < 0:
+            raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={self.tp}, drafters={self.drafters}")

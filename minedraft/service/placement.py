@@ -1,0 +1,48 @@
+"""Where a service computes: which GPU among replicas on one host, which CPU cores."""
+
+from __future__ import annotations
+
+import os
+import socket
+import zlib
+from typing import IO
+
+
+def resolve_device(device: str, lock_dir: str) -> tuple[str, IO | None]:
+    """'cuda:auto': the first visible GPU whose lock this process can hold (replicas on one
+    host spread over their GPUs); when every GPU is taken, they share round-robin.
+    -> (device, the lock's file, which the caller keeps open as long as it uses the GPU)."""
+    if device != "cuda:auto":
+        return device, None
+    import fcntl
+
+    import torch
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise SystemExit("--device cuda:auto: no CUDA device is visible")
+    os.makedirs(lock_dir, exist_ok=True)
+    for index in range(count):
+        handle = open(os.path.join(lock_dir, f"gpu{index}.lock"), "w")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            continue
+        return f"cuda:{index}", handle
+    # More replicas than GPUs: spread by host name (replicas in containers share a pid).
+    return f"cuda:{zlib.crc32(f'{socket.gethostname()}:{os.getpid()}'.encode()) % count}", None
+
+
+def parse_cpus(spec: str) -> set[int]:
+    """'0,2-3' -> {0, 2, 3}."""
+    cpus: set[int] = set()
+    for part in filter(None, spec.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def place_process(cpus: str) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, parse_cpus(cpus))
