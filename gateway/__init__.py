@@ -1,1 +1,1 @@
-"""Gateway service: public gRPC API, admission queue and the two-batch scheduler (`python -m gateway`)."""
+"""Gateway service: public gRPC API, admission queue and the two-batch Batch Manager (`python -m gateway`)."""

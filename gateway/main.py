@@ -12,8 +12,8 @@ import logging
 
 import grpc
 
+from gateway.batch_manager import BatchManager, BatchManagerConfig
 from gateway.pool import DrafterPool, PoolError
-from gateway.scheduler import BatchManager, SchedulerConfig
 from gateway.servicer import DrafterPoolServicer, GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
 from minedraft.constants import DEFAULT_VERIFIER, GATEWAY_PORT, MODES
@@ -25,7 +25,7 @@ logger = logging.getLogger("minedraft.gateway")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, scheduler)")
+    parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, Batch Manager)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=GATEWAY_PORT)
     parser.add_argument("--port-file", default="", help="write the bound port here once serving (with --port 0)")
@@ -59,7 +59,7 @@ async def serve(args: argparse.Namespace) -> None:
         if not args.drafter:
             logger.warning("no drafter yet: steps run at k = 0 until one registers")
     kv_blocks, block_size = target_info.num_blocks, target_info.block_size
-    config = SchedulerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
+    config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
                              max_batch=args.max_batch, kv_blocks=kv_blocks, block_size=block_size)
     manager = BatchManager(config, verifier, pool)
     tokenizer = TextTokenizer(args.tokenizer or target_info.model)

@@ -27,11 +27,11 @@ class DrafterHandle:
     num_blocks: int
     channel: grpc.aio.Channel
     stub: engine_pb2_grpc.DrafterStub
+    # Written by the admission ledger (gateway/admission.py) only; the pool reports them.
     reserved_blocks: int = 0
     requests_assigned: int = 0
     request_ids: set[str] = field(default_factory=set)
     pending_frees: list[str] = field(default_factory=list)   # finished requests to free there
-    live: bool = True
 
     def status(self) -> generation_pb2.DrafterStatus:
         return generation_pb2.DrafterStatus(address=self.address, drafter_id=self.drafter_id,
@@ -94,16 +94,8 @@ class DrafterPool:
         """Take a drafter out of the pool; the caller re-homes its requests."""
         handle = self.drafters.pop(address, None)
         if handle is not None:
-            handle.live = False
             logger.info("drafter %s left the pool (%d drafters)", address, len(self))
         return handle
-
-    def choose(self, need_blocks: int) -> DrafterHandle | None:
-        """The least-loaded drafter with room for `need_blocks` more KV blocks."""
-        fits = [h for h in self.drafters.values() if h.reserved_blocks + need_blocks <= h.num_blocks]
-        if not fits:
-            return None
-        return min(fits, key=lambda h: (len(h.request_ids), h.reserved_blocks))
 
     def status(self) -> generation_pb2.PoolStatus:
         return generation_pb2.PoolStatus(drafters=[h.status() for h in self.drafters.values()])

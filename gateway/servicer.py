@@ -8,9 +8,9 @@ import random
 
 import grpc
 
+from gateway.batch_manager import BatchManager
 from gateway.pool import DrafterUnreachable, PoolError
 from gateway.request import ActiveRequest, StreamEvent
-from gateway.scheduler import BatchManager
 from minedraft import __version__
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.protocol import params_from_proto, stats_to_proto
@@ -54,7 +54,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed, self.eos_token_ids, self.max_model_len)
         req = ActiveRequest(seq, IncrementalDetokenizer(self.tokenizer, prompt_ids), StopStringMatcher(params.stop))
-        if self.manager.blocks_for(req) > self.manager.config.kv_blocks:
+        if not self.manager.admission.fits_ever(req):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "sampling.max_tokens: prompt + max_tokens exceed the KV cache capacity")
         return req

@@ -44,17 +44,10 @@ class IncrementalDetokenizer:
         self._token_ids: list[int] = context
         self._prefix_offset = 0  # start of the decode window (context begins here)
         self._read_offset = len(context)  # tokens before this have been emitted
-        self._num_output_tokens = 0
-
-    @property
-    def num_output_tokens(self) -> int:
-        """Output tokens added so far (prompt context excluded)."""
-        return self._num_output_tokens
 
     def add(self, new_token_ids: Sequence[int]) -> str:
         """Append output tokens; return the text they complete (may be empty)."""
         self._token_ids.extend(new_token_ids)
-        self._num_output_tokens += len(new_token_ids)
         return self._emit(hold_incomplete=True)
 
     def flush(self) -> str:

@@ -1,7 +1,8 @@
 """Paged KV cache: fixed-size blocks, a block table per request, allocation on demand.
 
-`BlockManager` is pure bookkeeping (no tensors) so it can be tested and reasoned about
-alone; `KVCache` holds the tensors. A request's length is the number of positions whose
+`BlockManager` is the bookkeeping (block lists and lengths; it only builds the slot index
+tensor a forward pass needs), so it can be tested and reasoned about alone; `KVCache`
+holds the cached keys and values. A request's length is the number of positions whose
 KV is cached; rollback of rejected drafts is a truncation of that length (the stale KV
 stays in place and is overwritten later), freeing whole blocks that fall off the end.
 """
@@ -43,9 +44,6 @@ class BlockManager:
     def length(self, request_id: str) -> int:
         alloc = self._requests.get(request_id)
         return 0 if alloc is None else alloc.length
-
-    def block_table(self, request_id: str) -> list[int]:
-        return list(self._requests[request_id].blocks)
 
     def blocks_needed(self, request_id: str, new_length: int) -> int:
         have = len(self._requests[request_id].blocks) if request_id in self._requests else 0

@@ -23,7 +23,7 @@ def test_generated_stubs_match_protos(tmp_path):
 
 
 def test_gateway_and_client_do_not_import_torch():
-    code = ("import sys, gateway.main, gateway.scheduler, gateway.servicer, minedraft.client; "
+    code = ("import sys, gateway.main, gateway.batch_manager, gateway.servicer, minedraft.client; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"

@@ -20,10 +20,10 @@ import subprocess
 import sys
 
 from minedraft import bundled
+from minedraft.constants import DATA_PLANES, VERIFIER_PORT
 from minedraft.service.flags import add_runner_args, runner_config
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
-from minedraft.constants import DATA_PLANES, VERIFIER_PORT
 from minedraft.service.runtime import configure_logging, run
 from minedraft.service.server import start_server
 

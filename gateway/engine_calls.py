@@ -1,0 +1,113 @@
+"""The Batch Manager's calls to the drafters and the verifier: builds each step's message,
+makes the call and records it. Every call to another process goes through here.
+
+Only token ids and counts travel in these messages: known requests as diffs, new ones with
+their tokens; drafts go drafter -> verifier on the data plane, named by (drafter, step id).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+import grpc
+
+from gateway.batch import DraftedItem
+from gateway.pool import DrafterHandle
+from gateway.request import ActiveRequest
+from minedraft.protocol import new_request_proto
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
+
+# Status codes of a failed draft call that mean the drafter itself is gone (or unusable),
+# not that one request's state there is bad.
+DRAFTER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+STEP_RECORDS_KEPT = 100_000
+
+
+def call_status(err: BaseException) -> tuple[grpc.StatusCode, str]:
+    """(status code, message) of a failed call; anything but a gRPC error is INTERNAL."""
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code(), err.details() or ""
+    return grpc.StatusCode.INTERNAL, repr(err)
+
+
+class EngineCalls:
+    def __init__(self, verifier: engine_pb2_grpc.VerifierStub) -> None:
+        self.verifier = verifier
+        self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)
+        self.free_on_verifier: list[str] = []      # finished requests to free there, with the next call
+        self._step_id = 0
+        self._t0 = time.perf_counter()
+
+    def next_step_id(self) -> int:
+        self._step_id += 1
+        return self._step_id
+
+    def record(self, kind: str, step_id: int, start: float, **fields) -> None:
+        """One service call: when the gateway sent it, how long until the answer, and what
+        the service reports of its own time (its compute ends just before it answers)."""
+        self.step_records.append(generation_pb2.StepRecord(
+            step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=time.perf_counter() - start, **fields))
+
+    async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
+                     after_step_id: int = 0) -> engine_pb2.VerifyStepResponse:
+        """Verify `items`; requests the verifier has not seen go with their tokens. Finished
+        requests ride along to be freed. after_step_id queues this step behind that one."""
+        new_requests = []
+        for item in items:
+            req = item.request
+            if req.live and not req.known_to_verifier:
+                new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
+                                                      req.seq.params, req.seq.seed))
+                req.known_to_verifier = True
+        finished, self.free_on_verifier = self.free_on_verifier, []
+        message = engine_pb2.VerifyStepRequest(
+            step_id=step_id, new_requests=new_requests, finished=finished,
+            items=[engine_pb2.VerifyItem(request_id=i.request.request_id, num_draft=i.num_draft, source=i.source)
+                   for i in items],
+            sources=sources, after_step_id=after_step_id)
+        start = time.perf_counter()
+        response = await self.verifier.Step(message)
+        self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
+                    verify_batch=len(response.results))
+        return response
+
+    async def draft(self, step_id: int, drafter: DrafterHandle,
+                    items: list[tuple[ActiveRequest, int]]) -> engine_pb2.DraftStepResponse:
+        """Draft `items` (request, k) on one drafter: new requests go with their tokens,
+        known ones with the tokens verified since it last heard (their diff)."""
+        new_requests, updates = [], []
+        for req, _ in items:
+            if not req.known_to_drafter:
+                new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
+                                                      req.seq.params, req.seq.seed))
+                req.known_to_drafter = True
+            elif req.pending_diff:
+                updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
+            req.pending_diff = []
+        finished, drafter.pending_frees = drafter.pending_frees, []
+        return await drafter.stub.Step(engine_pb2.DraftStepRequest(
+            step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
+            items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]))
+
+    def record_draft(self, step_id: int, start: float, num_items: int,
+                     responses: list[engine_pb2.DraftStepResponse]) -> None:
+        """One record for a batch's draft step over all its drafters, which run in parallel:
+        it lasts as long as the slowest. The drafter's send waits for the verifier's matching
+        receive, so the transfer is timed on the receiving side (verify data_plane_s) only."""
+        self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r in responses),
+                    draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r in responses))
+
+    async def flush_verifier_frees(self) -> None:
+        """Free finished requests on the verifier now (when no step is there to carry them)."""
+        if self.free_on_verifier:
+            finished, self.free_on_verifier = self.free_on_verifier, []
+            await self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self.next_step_id(), finished=finished))
+
+    async def flush_drafter_frees(self, drafter: DrafterHandle, timeout_s: float | None = None) -> None:
+        """Free finished requests' draft KV on one drafter now."""
+        if drafter.pending_frees:
+            finished, drafter.pending_frees = drafter.pending_frees, []
+            await drafter.stub.Step(engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished),
+                                    timeout=timeout_s)
