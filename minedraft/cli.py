@@ -29,18 +29,19 @@ def _generate(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from minedraft.client import Client, MineDraftError
+    from minedraft.client import Client, MineDraftError, SamplingOptions
 
-    options = dict(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, seed=args.seed, stop=args.stop, ignore_eos=args.ignore_eos)
+    options = SamplingOptions(max_tokens=args.max_tokens, temperature=args.temperature,
+                              top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
+                              ignore_eos=args.ignore_eos)
     try:
         with Client(args.server, timeout=args.timeout) as client:
             if not args.stream:
-                result = dataclasses.asdict(client.generate(args.prompt, **options))
+                result = dataclasses.asdict(client.generate(args.prompt, options))
             else:
                 result = dict(text="", token_ids=[], finish_reason=None, request_id="",
                               prompt_tokens=0, stats=None)
-                for chunk in client.stream(args.prompt, **options):
+                for chunk in client.stream(args.prompt, options):
                     if not args.json:  # show text as it arrives
                         print(chunk.text, end="", flush=True)
                     result["text"] += chunk.text

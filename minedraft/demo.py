@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from minedraft import bundled
+from minedraft.metrics import AcceptanceStats
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,9 +30,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _services(args, prompts):
-    from minedraft.client import Client
+    from minedraft.client import Client, SamplingOptions
     from minedraft.launcher import Cluster, ServeConfig
 
+    options = SamplingOptions(max_tokens=args.max_tokens, ignore_eos=True)
     rows = []
     for mode in ("ar", "sd", "psd"):
         m = args.concurrency // 2 if mode == "psd" else args.concurrency
@@ -41,19 +43,16 @@ def _services(args, prompts):
             if mode == "psd":
                 print("streamed psd completion:\n" + "-" * 40)
                 print(prompts[0], end="")
-                for chunk in client.stream(prompts[0], max_tokens=args.max_tokens, ignore_eos=True):
+                for chunk in client.stream(prompts[0], options):
                     print(chunk.text, end="", flush=True)
                 print("\n" + "-" * 40)
             start = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
-                results = list(pool.map(lambda p: client.generate(p, max_tokens=args.max_tokens, ignore_eos=True),
-                                        prompts))
+                results = list(pool.map(lambda p: client.generate(p, options), prompts))
             elapsed = time.perf_counter() - start
         tokens = sum(len(r.token_ids) for r in results)
-        steps = sum(r.stats.num_steps for r in results)
-        emitted = sum(r.stats.num_accepted + r.stats.num_steps for r in results)
-        rows.append((mode, tokens / elapsed, emitted / steps if steps and mode != "ar" else 1.0,
-                     [r.token_ids for r in results]))
+        mal = _mean_acceptance_length(mode, [r.stats.to_stats() for r in results])
+        rows.append((mode, tokens / elapsed, mal, [r.token_ids for r in results]))
     return rows
 
 
@@ -61,7 +60,6 @@ def _in_process(args, prompts):
     import torch
 
     from minedraft.llm import LLM
-    from minedraft.metrics import AcceptanceStats
     from minedraft.sampling_params import SamplingParams
 
     torch.set_num_threads(1)
@@ -72,14 +70,20 @@ def _in_process(args, prompts):
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, mode=mode, k=args.k, max_batch=args.concurrency)
         elapsed = time.perf_counter() - start
-        stats = AcceptanceStats()
-        for o in outputs:
-            stats.merge(o.stats)
         if mode == "ar":
             print("ar completion:\n" + prompts[0] + outputs[0].text + "\n")
         rows.append((mode, sum(len(o.token_ids) for o in outputs) / elapsed,
-                     stats.mean_acceptance_length if mode == "sd" else 1.0, [o.token_ids for o in outputs]))
+                     _mean_acceptance_length(mode, [o.stats for o in outputs]),
+                     [o.token_ids for o in outputs]))
     return rows
+
+
+def _mean_acceptance_length(mode: str, per_request: list[AcceptanceStats]) -> float:
+    """Over all requests, by the one definition (minedraft.metrics); plain decoding scores 1.0."""
+    total = AcceptanceStats()
+    for stats in per_request:
+        total.merge(stats)
+    return total.mean_acceptance_length if mode != "ar" and total.num_steps else 1.0
 
 
 def add_parser(sub) -> None:

@@ -4,171 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
-import grpc.aio
 import pytest
+from fake_servers import SLOW_PROMPT, ServerThread, letters, rpc_error, run_cli
 
-from minedraft import cli
-from minedraft.client import (AsyncClient, Client, GenerationResult, InvalidRequest,
-                              MineDraftError, RequestTimeout, ResourceExhausted, ServerUnavailable,
-                              error_from_rpc)
-from minedraft.v1 import generation_pb2, generation_pb2_grpc
+from minedraft.client import (AcceptanceSummary, AsyncClient, Client, GenerationResult,
+                              InvalidRequest, MineDraftError, RequestTimeout, ResourceExhausted,
+                              SamplingOptions, ServerUnavailable, build_request, error_from_rpc)
+from minedraft.metrics import AcceptanceStats
 
-SLOW_PROMPT = "slow"
-STATS = generation_pb2.AcceptanceStats(num_steps=4, num_drafted=12, num_accepted=9,
-                                       mean_acceptance_length=3.25, acceptance_rate=0.75)
-
-
-def _letters(token_ids: list[int]) -> str:
-    return "".join(chr(ord("a") + t % 26) for t in token_ids)
-
-
-class FakeGeneration(generation_pb2_grpc.GenerationServicer):
-    """Predictable answers: the output is the prompt's ids reversed, one letter per token.
-
-    Records what it saw per request_id so tests can check what crossed the wire.
-    """
-
-    def __init__(self) -> None:
-        self.requests: dict[str, generation_pb2.GenerateRequest] = {}
-        self.stream_finished: dict[str, threading.Event] = {}
-        self.stream_cancelled: dict[str, bool] = {}
-        self.stream_sent: dict[str, int] = {}
-        self._lock = threading.Lock()
-        self._next_id = 0
-
-    def _admit(self, request: generation_pb2.GenerateRequest) -> tuple[str, list[int]] | str:
-        """Return (request_id, prompt ids), or an error message for INVALID_ARGUMENT."""
-        with self._lock:
-            self._next_id += 1
-            request_id = request.request_id or f"req-{self._next_id}"
-            self.requests[request_id] = request
-        if request.sampling.temperature < 0:
-            return f"sampling.temperature must be >= 0, got {request.sampling.temperature}"
-        if request.prompt == "full":
-            return "RESOURCE"
-        prompt_ids = list(request.prompt_token_ids) or list(request.prompt.encode())
-        return request_id, prompt_ids
-
-    @staticmethod
-    def _output(request: generation_pb2.GenerateRequest, prompt_ids: list[int]) -> tuple[list[int], str]:
-        limit = request.sampling.max_tokens or 64
-        output = prompt_ids[::-1]
-        return output[:limit], ("length" if len(output) > limit else "stop")
-
-    async def _reject(self, context: grpc.aio.ServicerContext, message: str) -> None:
-        if message == "RESOURCE":
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue is full")
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-    async def Generate(self, request, context):
-        admitted = self._admit(request)
-        if isinstance(admitted, str):
-            await self._reject(context, admitted)
-        request_id, prompt_ids = admitted
-        if request.prompt.startswith(SLOW_PROMPT):
-            await asyncio.sleep(5)
-        output, finish = self._output(request, prompt_ids)
-        return generation_pb2.GenerateResponse(
-            request_id=request_id, text=_letters(output), token_ids=output, finish_reason=finish,
-            stats=STATS, prompt_tokens=len(prompt_ids))
-
-    async def GenerateStream(self, request, context):
-        admitted = self._admit(request)
-        if isinstance(admitted, str):
-            await self._reject(context, admitted)
-        request_id, prompt_ids = admitted
-        finished = self.stream_finished.setdefault(request_id, threading.Event())
-        self.stream_cancelled[request_id] = True  # until the loop runs to the end
-        self.stream_sent[request_id] = 0
-        output, finish = self._output(request, prompt_ids)
-        delay = 0.02 if request.prompt.startswith(SLOW_PROMPT) else 0.0
-        try:
-            for i, token in enumerate(output):
-                if delay:
-                    await asyncio.sleep(delay)
-                last = i == len(output) - 1
-                yield generation_pb2.GenerateStreamResponse(
-                    request_id=request_id, text=_letters([token]), token_ids=[token],
-                    finish_reason=finish if last else "", stats=STATS if last else None,
-                    prompt_tokens=len(prompt_ids))
-                self.stream_sent[request_id] = i + 1
-            self.stream_cancelled[request_id] = False
-        finally:
-            finished.set()
-
-    async def GetServerInfo(self, request, context):
-        return generation_pb2.ServerInfo(version="0.1.0", mode="sd", k=4, target_model="t",
-                                         draft_model="d", max_batch=8, num_drafters=2)
-
-    async def GetStepStats(self, request, context):
-        count = request.max_steps or 3
-        return generation_pb2.StepStats(steps=[
-            generation_pb2.StepRecord(step_id=2**40 + i, kind="verify", wall_s=0.5, verify_batch=8)
-            for i in range(count)])
-
-
-class ServerThread:
-    """A grpc.aio server on its own thread and event loop, so sync clients can block on it."""
-
-    def __init__(self, servicer: Any,
-                 add_to_server: Callable[[Any, grpc.aio.Server], None] =
-                 generation_pb2_grpc.add_GenerationServicer_to_server) -> None:
-        self.servicer = servicer
-        self._add_to_server = add_to_server
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._serve(),),
-                                        daemon=True)
-
-    async def _serve(self) -> None:
-        server = grpc.aio.server()
-        self._add_to_server(self.servicer, server)
-        self.port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
-        await server.stop(None)
-
-    def start(self) -> None:
-        self._thread.start()
-        assert self._ready.wait(10), "fake server did not start"
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerThread]:
-    thread = ServerThread(FakeGeneration())
-    thread.start()
-    yield thread
-    thread.stop()
-
-
-@pytest.fixture
-def target(server: ServerThread) -> str:
-    return f"127.0.0.1:{server.port}"
-
-
-@pytest.fixture
-def client(target: str) -> Iterator[Client]:
-    with Client(target, timeout=10) as c:
-        c.wait_ready(5)
-        yield c
+pytest_plugins = ["fake_servers"]  # the fake gateway's fixtures: server, pool, target, client
 
 
 def _expected(prompt_ids: list[int]) -> tuple[list[int], str]:
     output = prompt_ids[::-1]
-    return output, _letters(output)
+    return output, letters(output)
 
 
 # --------------------------------------------------------------------------- sync client
@@ -189,13 +41,57 @@ def test_options_reach_the_server(client: Client, server: ServerThread):
     client.generate("a", request_id="no-seed")
     client.generate("a", request_id="seed-0", seed=0, stop="\n\n", stop_token_ids=[2],
                     temperature=0.7, top_p=0.9, top_k=20, ignore_eos=True, max_tokens=9)
-    unset = server.servicer.requests["no-seed"].sampling
+    unset = server.generation.requests["no-seed"].sampling
     assert not unset.HasField("seed")
-    sampling = server.servicer.requests["seed-0"].sampling
+    sampling = server.generation.requests["seed-0"].sampling
     assert sampling.HasField("seed") and sampling.seed == 0
     assert list(sampling.stop) == ["\n\n"] and list(sampling.stop_token_ids) == [2]
     assert (sampling.top_k, sampling.ignore_eos, sampling.max_tokens) == (20, True, 9)
     assert sampling.temperature == pytest.approx(0.7) and sampling.top_p == pytest.approx(0.9)
+
+
+def test_options_object_with_keyword_overrides(client: Client, server: ServerThread):
+    options = SamplingOptions(max_tokens=3, top_k=5, seed=11, stop=["x", "y"])
+    client.generate("abcdef", options, request_id="opt-object")
+    client.generate("abcdef", options=options, request_id="opt-override", top_k=7, seed=None)
+    list(client.stream("abcdef", options, request_id="opt-stream", temperature=0.5))
+    sampling = server.generation.requests["opt-object"].sampling
+    assert (sampling.max_tokens, sampling.top_k, sampling.seed) == (3, 5, 11)
+    assert list(sampling.stop) == ["x", "y"]
+    overridden = server.generation.requests["opt-override"].sampling
+    assert (overridden.max_tokens, overridden.top_k) == (3, 7)
+    assert not overridden.HasField("seed")
+    streamed = server.generation.requests["opt-stream"].sampling
+    assert (streamed.max_tokens, streamed.seed) == (3, 11)
+    assert streamed.temperature == pytest.approx(0.5)
+    assert options.top_k == 5  # overrides never change the caller's object
+    assert SamplingOptions().to_proto() == build_request("p").sampling
+
+
+def test_unknown_option_is_a_type_error(client: Client):
+    with pytest.raises(TypeError, match="'max_token'"):
+        client.generate("hi", max_token=4)
+    with pytest.raises(TypeError, match="'temprature'"):
+        client.stream("hi", temprature=0.5)
+    with pytest.raises(TypeError, match="SamplingOptions, got dict"):
+        client.generate("hi", {"max_tokens": 4})
+    with pytest.raises(TypeError):
+        SamplingOptions(4)  # keyword-only, so positions never silently swap
+    with pytest.raises(AttributeError):  # frozen
+        SamplingOptions().max_tokens = 1  # type: ignore[misc]
+
+
+def test_acceptance_summary_uses_the_metrics_definition():
+    summary = AcceptanceSummary(num_steps=4, num_drafted=12, num_accepted=9,
+                                mean_acceptance_length=3.25, acceptance_rate=0.75,
+                                drafted_at=(4, 4, 4), accepted_at=(4, 3, 2))
+    stats = summary.to_stats()
+    assert isinstance(stats, AcceptanceStats)
+    assert (stats.num_steps, stats.num_drafted, stats.num_accepted) == (4, 12, 9)
+    assert stats.mean_acceptance_length == summary.mean_acceptance_length
+    assert stats.acceptance_rate == summary.acceptance_rate
+    assert summary.acceptance_rate_per_position == [1.0, 0.75, 0.5]
+    assert summary.drafted_at == (4, 4, 4)  # to_stats copies; the summary stays as it was
 
 
 def test_stream_assembles_to_generate(client: Client):
@@ -226,9 +122,9 @@ def test_deadline_maps_to_request_timeout(client: Client):
 
 
 def _assert_cancelled(server: ServerThread, request_id: str) -> None:
-    assert server.servicer.stream_finished[request_id].wait(5), "server stream still running"
-    assert server.servicer.stream_cancelled[request_id]
-    assert server.servicer.stream_sent[request_id] < 160
+    assert server.generation.stream_finished[request_id].wait(5), "server stream still running"
+    assert server.generation.stream_cancelled[request_id]
+    assert server.generation.stream_sent[request_id] < 160
 
 
 def test_abandoned_stream_is_cancelled(client: Client, server: ServerThread):
@@ -258,18 +154,6 @@ def test_unreachable_server():
             c.generate("hi")
 
 
-def rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
-    """An RpcError as a failed call raises it, without a server."""
-    class FakeError(grpc.RpcError):
-        def code(self) -> grpc.StatusCode:
-            return code
-
-        def details(self) -> str:
-            return details
-
-    return FakeError()
-
-
 def test_unknown_status_maps_to_base_error():
     error = error_from_rpc(rpc_error(grpc.StatusCode.INTERNAL, "boom"))
     assert type(error) is MineDraftError and error.code == grpc.StatusCode.INTERNAL
@@ -285,7 +169,15 @@ def test_async_client(target: str, server: ServerThread):
             result = await c.generate("async", request_id="a-1", seed=7)
             ids, text = _expected(list(b"async"))
             assert (result.text, result.token_ids, result.finish_reason) == (text, ids, "stop")
-            assert server.servicer.requests["a-1"].sampling.seed == 7
+            assert server.generation.requests["a-1"].sampling.seed == 7
+            short = await c.generate("async", SamplingOptions(max_tokens=2), request_id="a-opt",
+                                     seed=3)
+            assert short.token_ids == ids[:2] and short.finish_reason == "length"
+            assert server.generation.requests["a-opt"].sampling.seed == 3
+            with pytest.raises(TypeError, match="'max_token'"):
+                await c.generate("x", max_token=2)
+            with pytest.raises(TypeError, match="'max_token'"):
+                c.stream("x", max_token=2)
 
             chunks = [chunk async for chunk in c.stream("async", request_id="a-2")]
             assert "".join(ch.text for ch in chunks) == text
@@ -326,17 +218,11 @@ def test_async_abandoned_stream_is_cancelled(target: str, server: ServerThread):
 
 # --------------------------------------------------------------------------- CLI
 
-def _run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 @pytest.mark.parametrize("stream", [False, True])
 def test_cli_generate_json(target: str, capsys: pytest.CaptureFixture[str], stream: bool):
     argv = ["generate", "hello cli", "--server", target, "--max-tokens", "4", "--seed", "3",
             "--stop", "a", "--stop", "b", "--json"] + (["--stream"] if stream else [])
-    code, out, _ = _run_cli(argv, capsys)
+    code, out, _ = run_cli(argv, capsys)
     assert code == 0
     payload: dict[str, Any] = json.loads(out)
     ids, text = _expected(list(b"hello cli")[-4:])
@@ -347,8 +233,8 @@ def test_cli_generate_json(target: str, capsys: pytest.CaptureFixture[str], stre
 
 
 def test_cli_generate_plain_and_error(target: str, capsys: pytest.CaptureFixture[str]):
-    code, out, _ = _run_cli(["generate", "abc", "--server", target, "--stream"], capsys)
+    code, out, _ = run_cli(["generate", "abc", "--server", target, "--stream"], capsys)
     assert (code, out) == (0, _expected(list(b"abc"))[1] + "\n")
-    code, out, err = _run_cli(["generate", "abc", "--server", target, "--temperature", "-1"], capsys)
+    code, out, err = run_cli(["generate", "abc", "--server", target, "--temperature", "-1"], capsys)
     assert code == 1 and out == ""
     assert err.startswith("error: INVALID_ARGUMENT: sampling.temperature must be >= 0")

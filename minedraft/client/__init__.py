@@ -1,8 +1,9 @@
 """Python SDK for the gateway's public gRPC API (minedraft.v1.Generation and DrafterPool).
 
 Results come back as frozen dataclasses and failures as typed exceptions, so callers never
-touch protobuf messages or grpc status objects. `types` holds the results and the wire
-conversions, `errors` the exceptions, `sync` the blocking client, `aio` the asyncio one.
+touch protobuf messages or grpc status objects. `types` holds the results, the sampling
+options and the wire conversions, `errors` the exceptions, `base` what both clients share,
+`sync` the blocking client, `aio` the asyncio one.
 """
 
 from minedraft.client.aio import AsyncChunkStream, AsyncClient
@@ -11,13 +12,13 @@ from minedraft.client.errors import (InvalidRequest, MineDraftError, NotFound, R
                                      error_from_rpc)
 from minedraft.client.sync import ChunkStream, Client
 from minedraft.client.types import (CLIENT_TIMEOUT, DEFAULT_TARGET, AcceptanceSummary, DrafterInfo,
-                                    GenerationResult, StreamChunk, Timeout, build_request,
-                                    drafters_from_proto, message_to_dict)
+                                    GenerationResult, Prompt, SamplingOptions, StreamChunk, Timeout,
+                                    build_request, drafters_from_proto, message_to_dict)
 
 __all__ = [
     "CLIENT_TIMEOUT", "DEFAULT_TARGET", "AcceptanceSummary", "AsyncChunkStream", "AsyncClient",
     "ChunkStream", "Client", "DrafterInfo", "GenerationResult", "InvalidRequest",
-    "MineDraftError", "NotFound", "RequestCancelled", "RequestTimeout", "ResourceExhausted",
-    "ServerUnavailable", "StreamChunk", "Timeout", "build_request", "drafters_from_proto",
-    "error_from_rpc", "message_to_dict",
+    "MineDraftError", "NotFound", "Prompt", "RequestCancelled", "RequestTimeout",
+    "ResourceExhausted", "SamplingOptions", "ServerUnavailable", "StreamChunk", "Timeout",
+    "build_request", "drafters_from_proto", "error_from_rpc", "message_to_dict",
 ]

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 import grpc.aio
 from google.protobuf.message import Message
 
-from minedraft.client.errors import RequestCancelled, ServerUnavailable, error_from_rpc
-from minedraft.client.types import (CLIENT_TIMEOUT, DEFAULT_TARGET, DrafterInfo, GenerationResult,
-                                    StreamChunk, Timeout, build_request, drafters_from_proto,
-                                    message_to_dict)
-from minedraft.v1 import generation_pb2, generation_pb2_grpc
+from minedraft.client.base import ClientBase
+from minedraft.client.errors import RequestCancelled, error_from_rpc
+from minedraft.client.types import (CLIENT_TIMEOUT, DrafterInfo, GenerationResult, Prompt,
+                                    SamplingOptions, StreamChunk, Timeout, build_request,
+                                    drafters_from_proto, message_to_dict)
+from minedraft.v1 import generation_pb2
 
 
 class AsyncChunkStream:
@@ -57,18 +58,10 @@ class AsyncChunkStream:
         self.cancel()
 
 
-class AsyncClient:
+class AsyncClient(ClientBase):
     """asyncio client; create and use it inside one running event loop."""
 
-    def __init__(self, target: str = DEFAULT_TARGET, timeout: float | None = 60.0) -> None:
-        self.target = target
-        self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target)
-        self._stub = generation_pb2_grpc.GenerationStub(self._channel)
-        self._pool = generation_pb2_grpc.DrafterPoolStub(self._channel)
-
-    def _timeout(self, timeout: Timeout) -> float | None:
-        return self.timeout if timeout is CLIENT_TIMEOUT else timeout
+    _open_channel = staticmethod(grpc.aio.insecure_channel)
 
     async def _unary(self, method: Callable[..., Any], request: Message, timeout: Timeout) -> Any:
         """One unary call, its failure raised as the matching MineDraftError."""
@@ -82,33 +75,20 @@ class AsyncClient:
         try:
             await asyncio.wait_for(self._channel.channel_ready(), timeout)
         except asyncio.TimeoutError:
-            raise ServerUnavailable(grpc.StatusCode.UNAVAILABLE,
-                                    f"server at {self.target} not ready after {timeout}s") from None
+            raise self._not_ready(timeout) from None
 
-    async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 64,
-                       temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                       stop: str | Sequence[str] | None = None,
-                       stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                       seed: int | None = None, request_id: str = "",
-                       timeout: Timeout = CLIENT_TIMEOUT) -> GenerationResult:
-        """Generate a completion and wait for all of it."""
-        request = build_request(prompt, max_tokens=max_tokens, temperature=temperature,
-                                top_p=top_p, top_k=top_k, stop=stop,
-                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed,
-                                request_id=request_id)
+    async def generate(self, prompt: Prompt, options: SamplingOptions | None = None, *,
+                       request_id: str = "", timeout: Timeout = CLIENT_TIMEOUT,
+                       **overrides: Any) -> GenerationResult:
+        """Generate a completion and wait for all of it (options as for Client.generate)."""
+        request = build_request(prompt, options, request_id=request_id, **overrides)
         return GenerationResult.from_proto(await self._unary(self._stub.Generate, request, timeout))
 
-    def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 64,
-               temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-               stop: str | Sequence[str] | None = None,
-               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-               seed: int | None = None, request_id: str = "",
-               timeout: Timeout = CLIENT_TIMEOUT) -> AsyncChunkStream:
-        """Generate chunk by chunk (``async for``); stop iterating to cancel it."""
-        request = build_request(prompt, max_tokens=max_tokens, temperature=temperature,
-                                top_p=top_p, top_k=top_k, stop=stop,
-                                stop_token_ids=stop_token_ids, ignore_eos=ignore_eos, seed=seed,
-                                request_id=request_id)
+    def stream(self, prompt: Prompt, options: SamplingOptions | None = None, *,
+               request_id: str = "", timeout: Timeout = CLIENT_TIMEOUT,
+               **overrides: Any) -> AsyncChunkStream:
+        """Generate chunk by chunk (``async for``), with generate's options; stop to cancel it."""
+        request = build_request(prompt, options, request_id=request_id, **overrides)
         return AsyncChunkStream(self._stub.GenerateStream(request, timeout=self._timeout(timeout)))
 
     async def server_info(self, timeout: Timeout = CLIENT_TIMEOUT) -> dict[str, Any]:

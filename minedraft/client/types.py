@@ -5,6 +5,7 @@ Callers never touch protobuf messages; this is the one place that converts them.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from minedraft.constants import DEFAULT_GATEWAY
+from minedraft.metrics import AcceptanceStats
 from minedraft.v1 import generation_pb2
 
 DEFAULT_TARGET = DEFAULT_GATEWAY
@@ -26,13 +28,18 @@ class _Default(enum.Enum):
 
 CLIENT_TIMEOUT = _Default.TIMEOUT
 Timeout = float | None | _Default
+Prompt = str | Sequence[int]  # text, or token ids sent as they are
 
 
 # --------------------------------------------------------------------------- results
 
 @dataclass(frozen=True)
 class AcceptanceSummary:
-    """Speculative-decoding acceptance for one request (mean length includes the bonus token)."""
+    """Speculative-decoding acceptance for one request, as the server reports it.
+
+    The server fills the means from the counts with minedraft.metrics (the one definition:
+    mean length includes the bonus token); `to_stats` gives the counts back in that form.
+    """
 
     num_steps: int
     num_drafted: int
@@ -42,9 +49,15 @@ class AcceptanceSummary:
     drafted_at: tuple[int, ...] = ()     # [j]: steps that drafted position j
     accepted_at: tuple[int, ...] = ()    # [j]: steps whose draft at position j was accepted
 
+    def to_stats(self) -> AcceptanceStats:
+        """The counts as AcceptanceStats, to merge over requests or derive rates from."""
+        return AcceptanceStats(num_steps=self.num_steps, num_drafted=self.num_drafted,
+                               num_accepted=self.num_accepted, drafted_at=list(self.drafted_at),
+                               accepted_at=list(self.accepted_at))
+
     @property
     def acceptance_rate_per_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        return self.to_stats().acceptance_rate_per_position
 
     @classmethod
     def from_proto(cls, stats: generation_pb2.AcceptanceStats) -> AcceptanceSummary:
@@ -118,19 +131,54 @@ def drafters_from_proto(pool: generation_pb2.PoolStatus) -> list[DrafterInfo]:
 
 # --------------------------------------------------------------------------- requests
 
-def build_request(prompt: str | Sequence[int], *, max_tokens: int, temperature: float,
-                  top_p: float, top_k: int, stop: str | Sequence[str] | None,
-                  stop_token_ids: Sequence[int] | None, ignore_eos: bool, seed: int | None,
-                  request_id: str) -> generation_pb2.GenerateRequest:
-    """One place that turns keyword arguments into the wire message (validation is the server's)."""
-    if isinstance(stop, str):  # a lone string would otherwise become one stop per character
-        stop = [stop]
-    sampling = generation_pb2.SamplingOptions(
-        temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-        stop_token_ids=list(stop_token_ids or ()), stop=list(stop or ()), ignore_eos=ignore_eos)
-    if seed is not None:  # unset lets the server choose; 0 is a real seed
-        sampling.seed = seed
-    request = generation_pb2.GenerateRequest(sampling=sampling, request_id=request_id)
+@dataclass(frozen=True, kw_only=True)
+class SamplingOptions:
+    """How to sample one request: the one list of generate/stream options and their defaults.
+
+    Mirrors the wire's SamplingOptions; range checks are the server's, so a bad value comes
+    back as InvalidRequest with the server's message.
+    """
+
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0            # 0 = no top-k cut
+    stop: str | Sequence[str] | None = None  # a lone string is one stop string
+    stop_token_ids: Sequence[int] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None   # None lets the server choose; 0 is a real seed
+
+    def replace(self, **changes: Any) -> SamplingOptions:
+        """A copy with `changes` applied; a name that is not an option raises TypeError."""
+        unknown = sorted(changes.keys() - _OPTION_NAMES)
+        if unknown:
+            raise TypeError(f"unknown sampling option(s) {', '.join(map(repr, unknown))}; "
+                            f"expected any of {', '.join(sorted(_OPTION_NAMES))}")
+        return dataclasses.replace(self, **changes)
+
+    def to_proto(self) -> generation_pb2.SamplingOptions:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or ())
+        sampling = generation_pb2.SamplingOptions(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            max_tokens=self.max_tokens, stop_token_ids=list(self.stop_token_ids or ()), stop=stop,
+            ignore_eos=self.ignore_eos)
+        if self.seed is not None:  # unset lets the server choose
+            sampling.seed = self.seed
+        return sampling
+
+
+_OPTION_NAMES = frozenset(field.name for field in dataclasses.fields(SamplingOptions))
+
+
+def build_request(prompt: Prompt, options: SamplingOptions | None = None, *, request_id: str = "",
+                  **overrides: Any) -> generation_pb2.GenerateRequest:
+    """The wire message for one prompt: `options` (default SamplingOptions()) with `overrides`."""
+    if options is None:
+        options = SamplingOptions()
+    elif not isinstance(options, SamplingOptions):
+        raise TypeError(f"options must be a SamplingOptions, got {type(options).__name__}")
+    sampling = options.replace(**overrides)
+    request = generation_pb2.GenerateRequest(sampling=sampling.to_proto(), request_id=request_id)
     if isinstance(prompt, str):
         request.prompt = prompt
     else:
