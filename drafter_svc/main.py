@@ -85,9 +85,9 @@ async def serve(args: argparse.Namespace) -> None:
         sender = await loop.run_in_executor(None, lambda: DistributedDraftSender(
             host, int(port), backend=pairing.data_plane, device=device))
     servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
-    server, port = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+    served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                       args.host, args.port, ["minedraft.v1.Drafter"], args.port_file)
-    address = f"{advertised_host(args.host, args.advertise_host)}:{port}"
+    address = f"{advertised_host(args.host, args.advertise_host)}:{served.port}"
     logger.info("drafter %s serving %s on %s (%s, data plane %s)", drafter_id[:8], args.model, address,
                 device, pairing.data_plane)
     if args.register_with:
@@ -95,14 +95,14 @@ async def serve(args: argparse.Namespace) -> None:
         await _pool_call(args.register_with, "Register", address)
         logger.info("joined the drafter pool of %s", args.register_with)
     try:
-        await server.wait_for_termination()
+        await served.server.wait_for_termination()
     finally:
         if args.register_with:
             try:
                 await _pool_call(args.register_with, "Deregister", address)
             except grpc.aio.AioRpcError as err:
                 logger.warning("could not leave the drafter pool: %s", err.details())
-        await server.stop(grace=1.0)
+        await served.server.stop(grace=1.0)
         try:
             await verifier.DisconnectDrafter(engine_pb2.DisconnectDrafterRequest(drafter_id=drafter_id), timeout=5.0)
         except grpc.aio.AioRpcError:

@@ -75,15 +75,15 @@ async def serve(args: argparse.Namespace) -> None:
         generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
         generation_pb2_grpc.add_DrafterPoolServicer_to_server(pool_servicer, server)
 
-    server, port = await start_server(add_servicers, args.host, args.port,
+    served = await start_server(add_servicers, args.host, args.port,
                                       ["minedraft.v1.Generation", "minedraft.v1.DrafterPool"], args.port_file)
-    logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, port, args.mode, config.k, args.max_batch)
+    logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, served.port, args.mode, config.k, args.max_batch)
     loop_task = asyncio.ensure_future(manager.run())
     try:
-        await server.wait_for_termination()
+        await served.server.wait_for_termination()
     finally:
         loop_task.cancel()
-        await server.stop(grace=1.0)
+        await served.server.stop(grace=1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,14 +128,14 @@ async def serve(args: argparse.Namespace) -> None:
     pairings = DraftPairings(args.data_plane, args.host, advertised_host(args.host, args.advertise_host),
                              device=executor.device)
     servicer = VerifierServicer(executor, pairings, args.model)
-    server, port = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+    served = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
                                       args.host, args.port, ["minedraft.v1.Verifier"], args.port_file)
-    logger.info("verifier serving %s on %s:%d (tp %d, data plane %s)", args.model, args.host, port,
+    logger.info("verifier serving %s on %s:%d (tp %d, data plane %s)", args.model, args.host, served.port,
                 args.tp, args.data_plane)
     try:
-        await server.wait_for_termination()
+        await served.server.wait_for_termination()
     finally:
-        await server.stop(grace=1.0)
+        await served.server.stop(grace=1.0)
         await asyncio.get_running_loop().run_in_executor(servicer.compute, executor.stop_followers)
         pairings.close()
 
