@@ -3,7 +3,8 @@
 At start-up the drafter takes an identity, asks the verifier for a data-plane pairing of its
 own (ConnectDrafter: a torch.distributed pair group at a fresh rendezvous address, or in-band
 PutDrafts calls) and joins it. With --register-with it then joins the gateway's drafter pool
-itself, and leaves it (and its pairing) when stopped, so replicas can come and go at will.
+itself, and leaves it (and its pairing) when stopped, so replicas can come and go at will;
+`membership.py` keeps both memberships alive.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import uuid
 
 import grpc
 
+from drafter_svc.membership import Pairing, keep_paired, keep_registered, leave, register
 from drafter_svc.servicer import DrafterServicer
 from minedraft import bundled
 from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
@@ -23,7 +25,7 @@ from minedraft.service.network import advertised_host
 from minedraft.service.placement import place_process, resolve_device
 from minedraft.service.runtime import run
 from minedraft.service.server import MESSAGE_SIZE_OPTIONS, start_server, wait_healthy
-from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
 
@@ -34,7 +36,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=DRAFTER_PORT)
     parser.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier's gRPC address")
     parser.add_argument("--register-with", default="",
-                        help="a gateway's HOST:PORT: join its drafter pool once serving, leave it on stop")
+                        help="a gateway's admin HOST:PORT (its --admin-port): join its drafter pool once "
+                             "serving, rejoin whenever dropped, leave it on stop")
     parser.add_argument("--advertise-host", default="",
                         help="host name the gateway reaches this drafter at (default: --host, or this "
                              "machine's address when binding all interfaces; 'auto' = this machine's address)")
@@ -57,14 +60,20 @@ def _inband_put(verifier_address: str, drafter_id: str):
     return put
 
 
-async def _pool_call(gateway: str, method: str, address: str) -> None:
-    async with grpc.aio.insecure_channel(gateway) as channel:
-        stub = generation_pb2_grpc.DrafterPoolStub(channel)
-        await getattr(stub, method)(generation_pb2.DrafterEndpoint(address=address), timeout=30.0)
+def _sender_factory(verifier_address: str, drafter_id: str, device: str):
+    """ConnectDrafterResponse -> the DraftSender for that pairing (blocking: joins the group)."""
+    from minedraft.data_plane import DistributedDraftSender, InBandDraftSender
+
+    def open_sender(pairing: engine_pb2.ConnectDrafterResponse):
+        if pairing.data_plane == "inband":
+            return InBandDraftSender(_inband_put(verifier_address, drafter_id))
+        host, _, port = pairing.address.rpartition(":")
+        return DistributedDraftSender(host, int(port), backend=pairing.data_plane, device=device)
+
+    return open_sender
 
 
 async def serve(args: argparse.Namespace) -> None:
-    from minedraft.data_plane import DistributedDraftSender, InBandDraftSender
     from minedraft.drafter import Drafter
     from minedraft.model_runner import ModelRunner
 
@@ -76,38 +85,34 @@ async def serve(args: argparse.Namespace) -> None:
     drafter_id = uuid.uuid4().hex
     await wait_healthy(args.verifier, args.connect_timeout)
     verifier_channel = grpc.aio.insecure_channel(args.verifier)
-    verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
-    pairing = await verifier.ConnectDrafter(engine_pb2.ConnectDrafterRequest(drafter_id=drafter_id))
-    if pairing.data_plane == "inband":
-        sender = InBandDraftSender(_inband_put(args.verifier, drafter_id))
-    else:
-        host, _, port = pairing.address.rpartition(":")
-        sender = await loop.run_in_executor(None, lambda: DistributedDraftSender(
-            host, int(port), backend=pairing.data_plane, device=device))
+    pairing = Pairing(engine_pb2_grpc.VerifierStub(verifier_channel), drafter_id,
+                      _sender_factory(args.verifier, drafter_id, device))
+    sender = await pairing.connect()
     servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
     served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                      args.host, args.port, ["minedraft.v1.Drafter"], args.port_file)
+                                args.host, args.port, ["minedraft.v1.Drafter"], args.port_file)
     address = f"{advertised_host(args.host, args.advertise_host)}:{served.port}"
     logger.info("drafter %s serving %s on %s (%s, data plane %s)", drafter_id[:8], args.model, address,
                 device, pairing.data_plane)
+    tasks = [asyncio.ensure_future(keep_paired(pairing, servicer))]
     if args.register_with:
         await wait_healthy(args.register_with, args.connect_timeout)
-        await _pool_call(args.register_with, "Register", address)
-        logger.info("joined the drafter pool of %s", args.register_with)
+        await register(args.register_with, address)
+        tasks.append(asyncio.ensure_future(keep_registered(args.register_with, address)))
     try:
-        await served.server.wait_for_termination()
+        done, _ = await asyncio.wait([*tasks, asyncio.ensure_future(served.server.wait_for_termination())],
+                                     return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()               # a keep-alive that ended is a bug: fail loudly
+        raise SystemExit("a drafter keep-alive task ended")
     finally:
+        for task in tasks:
+            task.cancel()
         if args.register_with:
-            try:
-                await _pool_call(args.register_with, "Deregister", address)
-            except grpc.aio.AioRpcError as err:
-                logger.warning("could not leave the drafter pool: %s", err.details())
+            await leave(args.register_with, address)
         await served.server.stop(grace=1.0)
-        try:
-            await verifier.DisconnectDrafter(engine_pb2.DisconnectDrafterRequest(drafter_id=drafter_id), timeout=5.0)
-        except grpc.aio.AioRpcError:
-            pass
-        sender.close()
+        await pairing.disconnect()
+        servicer.sender.close()
         await verifier_channel.close()
         if gpu_lock is not None:
             gpu_lock.close()

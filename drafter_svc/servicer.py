@@ -8,7 +8,9 @@ up when it verifies that batch, possibly a whole step later in batch-parallel mo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -16,9 +18,12 @@ import torch
 
 from minedraft.data_plane import DraftPayload, DraftSender
 from minedraft.drafter import Drafter
+from minedraft.engine_requests import StepCheck, UnknownRequest
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import engine_info, params_from_proto
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
+
+logger = logging.getLogger("minedraft.drafter")
 
 
 class DrafterServicer(engine_pb2_grpc.DrafterServicer):
@@ -26,7 +31,9 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
                  probs_dtype: torch.dtype, drafter_id: str) -> None:
         self.drafter = drafter
         self.drafter_id = drafter_id
+        self.instance_id = uuid.uuid4().hex
         self.sender = sender
+        self.send_failed = False        # the pairing broke: the keep-alive pairs again
         self.data_plane = data_plane
         self.model_name = model_name
         self.probs_dtype = probs_dtype
@@ -37,12 +44,17 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self.compute, self._step, request)
+        except UnknownRequest as err:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"draft step {request.step_id}: {err}")
         except (ValueError, KeyError) as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"draft step {request.step_id}: {err}")
         except OutOfBlocks as err:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
     def _step(self, request: engine_pb2.DraftStepRequest) -> engine_pb2.DraftStepResponse:
+        if request.reset:
+            self.drafter.remove_all()
+        check_draft_step(request, self.drafter)
         for rid in request.finished:
             self.drafter.remove_request(rid)
         for new in request.new_requests:
@@ -57,14 +69,44 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         flat = [t for tokens in output.draft_token_ids for t in tokens]
         probs = None if output.draft_probs is None else output.draft_probs.to(self.probs_dtype)
         if flat:
-            payload = DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64), probs)
-            self.sending.submit(self.sender.send, payload)
+            self.sending.submit(self._send, DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64),
+                                                         probs))
         # The send runs after this answer: these are the previous completed send's figures.
         return engine_pb2.DraftStepResponse(
             step_id=request.step_id, busy_s=busy_s, sent_bytes=self.sender.last_bytes,
             with_probs=probs is not None)
 
+    def _send(self, payload: DraftPayload) -> None:
+        """On the send thread. A failed send loses only these drafts (the verifier verifies
+        them at k = 0); the pairing is then renewed by the keep-alive."""
+        try:
+            self.sender.send(payload)
+        except Exception as err:            # noqa: BLE001 - logged, and the pairing is renewed
+            if not self.send_failed:
+                logger.warning("data plane: sending drafts of step %d failed (%s); pairing again",
+                               payload.step_id, err)
+            self.send_failed = True
+
+    def replace_sender(self, sender: DraftSender) -> None:
+        """A new pairing: sends queued from now on use it; the old one closes after them."""
+        old, self.sender = self.sender, sender
+        self.send_failed = False
+        self.sending.submit(old.close)
+
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
-        info = engine_info(self.drafter.runner, self.model_name, self.data_plane)
+        info = engine_info(self.drafter, self.model_name, self.data_plane, self.instance_id)
         info.drafter_id = self.drafter_id
         return info
+
+
+def check_draft_step(request: engine_pb2.DraftStepRequest, drafter: Drafter) -> None:
+    """Refuse a step that names unknown requests or repeats known ones, before it changes anything."""
+    check = StepCheck(drafter, request.finished)
+    check.add_new(request.new_requests)
+    for diff in request.updates:
+        if diff.request_id in check.new_ids:
+            raise ValueError(f"updates: request {diff.request_id!r} is new in this step")
+        check.require(diff.request_id, "updates")
+        drafter.check_tokens(list(diff.new_token_ids), f"updates: request {diff.request_id!r}")
+    for item in request.items:
+        check.require(item.request_id, "items")

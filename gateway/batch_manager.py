@@ -24,6 +24,7 @@ to do when a call fails.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -33,7 +34,7 @@ import grpc
 
 from gateway.admission import Admission
 from gateway.batch import Batch, DraftedItem
-from gateway.engine_calls import DRAFTER_GONE, EngineCalls, call_status
+from gateway.engine_calls import DRAFTER_GONE, Deadlines, EngineCalls, call_status
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
 from minedraft.constants import MODES
@@ -51,6 +52,8 @@ class BatchManagerConfig:
     max_batch: int              # m: requests per batch
     kv_blocks: int              # the verifier's KV cache, in blocks (each drafter's is its own)
     block_size: int
+    step_timeout_s: float = 30.0    # the least deadline of a service call (see Deadlines)
+    max_waiting: int = 1024         # requests queued beyond the batches; more are refused
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -59,6 +62,14 @@ class BatchManagerConfig:
             raise ValueError(f"k must be >= 1 for mode {self.mode!r}, got {self.k}")
         if self.max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+class Overloaded(Exception):
+    """The admission queue is full (RESOURCE_EXHAUSTED)."""
 
 
 class BatchManager:
@@ -69,7 +80,8 @@ class BatchManager:
         self.config = config
         self.pool = pool
         self.admission = Admission(config.kv_blocks, config.block_size, config.k, pool)
-        self.calls = EngineCalls(verifier)
+        self.calls = EngineCalls(verifier, Deadlines(config.step_timeout_s))
+        self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode == "psd" else [Batch(0)]
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
@@ -80,8 +92,12 @@ class BatchManager:
 
     # ---- requests in and out -------------------------------------------------------------
     def submit(self, req: ActiveRequest) -> None:
+        """Queue a request; raises Overloaded when the queue is full, KeyError for a
+        request id already running."""
         if req.request_id in self.requests:
             raise KeyError(req.request_id)
+        if len(self.admission.waiting) >= self.config.max_waiting:
+            raise Overloaded(f"the queue is full ({len(self.admission.waiting)} requests waiting); retry later")
         self.requests[req.request_id] = req
         self.admission.waiting.append(req)
         self._kick()
@@ -124,6 +140,29 @@ class BatchManager:
         if self.admission.waiting:          # its KV reservation may let a waiting request in
             self._kick()
 
+    def fail_all(self, code: grpc.StatusCode, message: str) -> None:
+        """Every request ends with this error (the verifier was lost: their state with it)."""
+        for batch in self.batches:
+            batch.drafted = None
+        for req in list(self.requests.values()):
+            req.emit_error(code, message)
+            self._forget(req)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop admitting; let the requests in flight finish for up to timeout_s, fail the
+        rest, and hand every finished request's KV back to the services."""
+        self.unavailable = "the server is shutting down"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.requests and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.requests:
+            logger.warning("drain: %d requests did not finish within %.0f s", len(self.requests), timeout_s)
+            self.fail_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        while any(b.drafted is not None for b in self.batches) and loop.time() < deadline + 5.0:
+            await asyncio.sleep(0.05)       # a failed request's step may still be in flight
+        await self._flush_frees()
+
     # ---- the drafter pool ----------------------------------------------------------------
     async def add_drafter(self, address: str, timeout_s: float | None = None) -> None:
         await self.pool.add(address, timeout_s)
@@ -144,12 +183,13 @@ class BatchManager:
         return drafter
 
     async def _close_drafter(self, drafter: DrafterHandle, graceful: bool) -> None:
-        if graceful:
-            try:
+        try:
+            if graceful:
                 await self.calls.flush_drafter_frees(drafter, LEAVE_FREE_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                pass
-        await drafter.channel.close()
+        except Exception as err:                # noqa: BLE001 - it is leaving anyway
+            logger.info("drafter %s left before its requests were freed: %s", drafter.address, err)
+        finally:
+            await drafter.channel.close()
 
     # ---- the batch pipelines ---------------------------------------------------------------
     async def run(self) -> None:
@@ -215,13 +255,18 @@ class BatchManager:
             self._kick()
 
     async def _flush_frees(self) -> None:
-        """When idle, hand finished requests back to the services at once (no call to ride on)."""
-        try:
-            await self.calls.flush_verifier_frees()
-            for drafter in list(self.pool.drafters.values()) if self.pool else []:
-                await self.calls.flush_drafter_frees(drafter)
-        except grpc.aio.AioRpcError as err:
-            logger.error("could not free finished requests: %s", err.details())
+        """When idle, hand finished requests back to the services at once (no call to ride on).
+        A service that does not answer loses nothing that matters: a drafter that failed is
+        dropped by its next draft call, and a verifier that failed has lost its state."""
+        calls = [("the verifier", self.calls.flush_verifier_frees)]
+        calls += [(d.address, functools.partial(self.calls.flush_drafter_frees, d))
+                  for d in (list(self.pool.drafters.values()) if self.pool else [])]
+        for name, call in calls:
+            try:
+                await call()
+            except Exception as err:            # noqa: BLE001 - logged; the pipeline goes on
+                code, message = call_status(err)
+                logger.warning("could not free finished requests on %s (%s: %s)", name, code.name, message)
 
     async def _verify(self, step_id: int, batch: Batch) -> None:
         try:
@@ -306,9 +351,12 @@ class BatchManager:
                 self.admission.unassign(req)
 
     def _fail_batch(self, batch: Batch, err: BaseException) -> None:
-        """A verifier call failed: fail that batch's requests, keep serving everyone else."""
+        """A verifier call failed: fail that batch's requests, keep serving everyone else.
+        A verifier that is down or hung reads as UNAVAILABLE to the client."""
         code, message = call_status(err)
-        logger.error("step failed for batch %d: %s %s", batch.index, code, message)
+        logger.error("step failed for batch %d: %s %s", batch.index, code.name, message)
+        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+            code, message = grpc.StatusCode.UNAVAILABLE, f"the verifier did not answer in time ({message})"
         batch.drafted = None
         for req in list(batch.requests):
             req.emit_error(code, f"engine step failed: {message}")

@@ -7,8 +7,11 @@ their tokens; drafts go drafter -> verifier on the data plane, named by (drafter
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import grpc
 
@@ -23,18 +26,61 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 DRAFTER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
                 grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 STEP_RECORDS_KEPT = 100_000
+T = TypeVar("T")
+
+
+class CallCancelled(Exception):
+    """A call ended by its channel closing under it (a drafter left while the call was in
+    flight), not by cancelling the caller: an ordinary failed call, never a stray
+    CancelledError that would end the task making it."""
 
 
 def call_status(err: BaseException) -> tuple[grpc.StatusCode, str]:
     """(status code, message) of a failed call; anything but a gRPC error is INTERNAL."""
     if isinstance(err, grpc.aio.AioRpcError):
         return err.code(), err.details() or ""
+    if isinstance(err, CallCancelled):
+        return grpc.StatusCode.CANCELLED, str(err)
     return grpc.StatusCode.INTERNAL, repr(err)
 
 
+async def guarded(call: Awaitable[T], what: str) -> T:
+    """Await a call; a CancelledError that is not this task's own cancellation (grpc.aio
+    raises one when the channel closes under the call) becomes CallCancelled."""
+    try:
+        return await call
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        cancelling = getattr(task, "cancelling", None)      # Python >= 3.11
+        if cancelling is None or cancelling():
+            raise
+        raise CallCancelled(f"{what}: the call was cancelled (its channel closed)") from None
+
+
+class Deadlines:
+    """Deadlines of the service calls, from what they took lately: `factor` times the slowest
+    of the last calls of that kind, never under `floor_s` (start-up, long prefills). A call
+    that misses it fails with DEADLINE_EXCEEDED: a hung drafter leaves the pool, a hung
+    verifier fails its batch, and nothing waits for ever."""
+
+    def __init__(self, floor_s: float, factor: float = 10.0, window: int = 64) -> None:
+        if not floor_s > 0 or not factor >= 1:
+            raise ValueError(f"step timeout must be > 0 and factor >= 1, got {floor_s}, {factor}")
+        self.floor_s, self.factor, self.window = floor_s, factor, window
+        self._recent: dict[str, deque[float]] = {}
+
+    def observe(self, kind: str, seconds: float) -> None:
+        self._recent.setdefault(kind, deque(maxlen=self.window)).append(seconds)
+
+    def __call__(self, kind: str) -> float:
+        recent = self._recent.get(kind)
+        return max(self.floor_s, self.factor * max(recent)) if recent else self.floor_s
+
+
 class EngineCalls:
-    def __init__(self, verifier: engine_pb2_grpc.VerifierStub) -> None:
+    def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines) -> None:
         self.verifier = verifier
+        self.deadlines = deadlines
         self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)
         self.free_on_verifier: list[str] = []      # finished requests to free there, with the next call
         self._step_id = 0
@@ -47,8 +93,10 @@ class EngineCalls:
     def record(self, kind: str, step_id: int, start: float, **fields) -> None:
         """One service call: when the gateway sent it, how long until the answer, and what
         the service reports of its own time (its compute ends just before it answers)."""
+        wall_s = time.perf_counter() - start
+        self.deadlines.observe(kind, wall_s)
         self.step_records.append(generation_pb2.StepRecord(
-            step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=time.perf_counter() - start, **fields))
+            step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=wall_s, **fields))
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                      after_step_id: int = 0) -> engine_pb2.VerifyStepResponse:
@@ -68,7 +116,7 @@ class EngineCalls:
                    for i in items],
             sources=sources, after_step_id=after_step_id)
         start = time.perf_counter()
-        response = await self.verifier.Step(message)
+        response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
                     verify_batch=len(response.results))
         return response
@@ -87,9 +135,11 @@ class EngineCalls:
                 updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
             req.pending_diff = []
         finished, drafter.pending_frees = drafter.pending_frees, []
-        return await drafter.stub.Step(engine_pb2.DraftStepRequest(
-            step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
-            items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]))
+        reset, drafter.needs_reset = drafter.needs_reset, False
+        return await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
+            step_id=step_id, new_requests=new_requests, updates=updates, finished=finished, reset=reset,
+            items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
+            timeout=self.deadlines("draft")), f"draft on {drafter.address}")
 
     def record_draft(self, step_id: int, start: float, num_items: int,
                      responses: list[engine_pb2.DraftStepResponse]) -> None:
@@ -103,11 +153,15 @@ class EngineCalls:
         """Free finished requests on the verifier now (when no step is there to carry them)."""
         if self.free_on_verifier:
             finished, self.free_on_verifier = self.free_on_verifier, []
-            await self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self.next_step_id(), finished=finished))
+            await guarded(self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self.next_step_id(),
+                                                                          finished=finished),
+                                             timeout=self.deadlines.floor_s), "free on the verifier")
 
     async def flush_drafter_frees(self, drafter: DrafterHandle, timeout_s: float | None = None) -> None:
         """Free finished requests' draft KV on one drafter now."""
-        if drafter.pending_frees:
+        if drafter.pending_frees or drafter.needs_reset:
             finished, drafter.pending_frees = drafter.pending_frees, []
-            await drafter.stub.Step(engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished),
-                                    timeout=timeout_s)
+            reset, drafter.needs_reset = drafter.needs_reset, False
+            await guarded(drafter.stub.Step(
+                engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, reset=reset),
+                timeout=timeout_s or self.deadlines.floor_s), f"free on {drafter.address}")

@@ -1,22 +1,26 @@
 """Start the gateway: `python -m gateway --verifier HOST:PORT [--drafter HOST:PORT ...] --mode psd`.
 
 Drafters given with --drafter must be up at start-up; more join (and leave) at run time
-through the DrafterPool API, which `python -m drafter_svc --register-with` calls itself.
+through the DrafterPool admin API (its own port, on loopback by default), which
+`python -m drafter_svc --register-with ADMIN_ADDRESS` calls itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 
 import grpc
 
+from gateway.admin import DrafterPoolServicer
 from gateway.batch_manager import BatchManager, BatchManagerConfig
+from gateway.liveness import VerifierWatch, supervise
 from gateway.pool import DrafterPool, PoolError
-from gateway.servicer import DrafterPoolServicer, GenerationServicer, server_info
+from gateway.servicer import GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
-from minedraft.constants import DEFAULT_VERIFIER, GATEWAY_PORT, MODES
+from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
 from minedraft.service.runtime import run
 from minedraft.service.server import start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
@@ -26,28 +30,50 @@ logger = logging.getLogger("minedraft.gateway")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, Batch Manager)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=GATEWAY_PORT)
-    parser.add_argument("--port-file", default="", help="write the bound port here once serving (with --port 0)")
+    parser.add_argument("--host", default="127.0.0.1", help="public API bind address")
+    parser.add_argument("--port", type=int, default=GATEWAY_PORT, help="public gRPC port")
+    parser.add_argument("--port-file", default="", help="write the bound ports here once serving (with --port 0): "
+                        "the public one in this file, the admin one in FILE.admin")
+    parser.add_argument("--admin-host", default="127.0.0.1",
+                        help="bind address of the drafter-pool admin API (register, deregister, list); "
+                             "keep it on loopback or a private network")
+    parser.add_argument("--admin-port", type=int, default=ADMIN_PORT, help="drafter-pool admin gRPC port")
     parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
     parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
                         help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
-                             "also join later through the DrafterPool API")
+                             "also join later through the admin API")
     parser.add_argument("--mode", default="psd", choices=MODES)
     parser.add_argument("--k", type=int, default=4, help="draft length")
     parser.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
+    parser.add_argument("--max-waiting", type=int, default=1024,
+                        help="requests queued beyond the batches; more are refused with RESOURCE_EXHAUSTED")
+    parser.add_argument("--step-timeout", type=float, default=30.0,
+                        help="least deadline of a call to the drafter or verifier, seconds; the deadline "
+                             "grows to 10x the slowest recent call")
+    parser.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="on SIGTERM, how long requests in flight may take to finish")
     parser.add_argument("--tokenizer", default="", help="model directory with tokenizer.json "
                         "(default: the verifier's model directory)")
     parser.add_argument("--connect-timeout", type=float, default=300.0)
     parser.add_argument("--log-level", default="INFO")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        args.config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
+                                         max_batch=args.max_batch, kv_blocks=1, block_size=1,
+                                         step_timeout_s=args.step_timeout, max_waiting=args.max_waiting)
+    except ValueError as err:
+        parser.error(str(err))
+    return args
 
 
 async def serve(args: argparse.Namespace) -> None:
     await wait_healthy(args.verifier, args.connect_timeout)
     verifier_channel = grpc.aio.insecure_channel(args.verifier)
     verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
-    target_info = await verifier.GetInfo(engine_pb2.EngineInfoRequest())
+    target_info = await verifier.GetInfo(engine_pb2.EngineInfoRequest(), timeout=args.connect_timeout)
+    config = dataclasses.replace(args.config, kv_blocks=target_info.num_blocks, block_size=target_info.block_size)
+    if config.k + 1 >= target_info.max_model_len:
+        raise SystemExit(f"--k {config.k}: a draft must fit in the model's context ({target_info.max_model_len})")
     pool = None
     if args.mode != "ar":
         pool = DrafterPool(target_info, args.connect_timeout)
@@ -57,10 +83,7 @@ async def serve(args: argparse.Namespace) -> None:
             except PoolError as err:
                 raise SystemExit(str(err)) from err
         if not args.drafter:
-            logger.warning("no drafter yet: steps run at k = 0 until one registers")
-    kv_blocks, block_size = target_info.num_blocks, target_info.block_size
-    config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
-                             max_batch=args.max_batch, kv_blocks=kv_blocks, block_size=block_size)
+            logger.info("no drafter yet: steps run at k = 0 until one registers")
     manager = BatchManager(config, verifier, pool)
     tokenizer = TextTokenizer(args.tokenizer or target_info.model)
     info = server_info(args.mode, config.k, args.max_batch, target_info.model, target_info.synthetic_acceptance)
@@ -69,21 +92,27 @@ async def serve(args: argparse.Namespace) -> None:
                        "outputs are not the target model's", target_info.synthetic_acceptance)
     servicer = GenerationServicer(manager, tokenizer, target_info.vocab_size,
                                   tuple(target_info.eos_token_ids), target_info.max_model_len, info)
-    pool_servicer = DrafterPoolServicer(manager)
-
-    def add_servicers(server: grpc.aio.Server) -> None:
-        generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
-        generation_pb2_grpc.add_DrafterPoolServicer_to_server(pool_servicer, server)
-
-    served = await start_server(add_servicers, args.host, args.port,
-                                      ["minedraft.v1.Generation", "minedraft.v1.DrafterPool"], args.port_file)
-    logger.info("gateway serving on %s:%d (mode %s, k %d, m %d)", args.host, served.port, args.mode, config.k, args.max_batch)
-    loop_task = asyncio.ensure_future(manager.run())
+    served = await start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
+                                args.host, args.port, ["minedraft.v1.Generation"], args.port_file,
+                                max_receive_bytes=MAX_REQUEST_BYTES)
+    admin = await start_server(
+        lambda s: generation_pb2_grpc.add_DrafterPoolServicer_to_server(DrafterPoolServicer(manager), s),
+        args.admin_host, args.admin_port, ["minedraft.v1.DrafterPool"],
+        f"{args.port_file}.admin" if args.port_file else "")
+    logger.info("gateway serving on %s:%d, pool admin on %s:%d (mode %s, k %d, m %d)", args.host, served.port,
+                args.admin_host, admin.port, args.mode, config.k, args.max_batch)
+    watch = VerifierWatch(manager, verifier_channel, served, target_info.instance_id)
     try:
-        await served.server.wait_for_termination()
+        await supervise(manager, served, watch)
+    except asyncio.CancelledError:          # SIGTERM / SIGINT: drain, then stop
+        logger.info("stopping: no new requests; draining those in flight (at most %.0f s)", args.drain_timeout)
+        await served.set_serving(False)
+        await manager.drain(args.drain_timeout)
+        raise
     finally:
-        loop_task.cancel()
+        await admin.server.stop(grace=1.0)
         await served.server.stop(grace=1.0)
+        await verifier_channel.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,6 +32,9 @@ class DrafterHandle:
     requests_assigned: int = 0
     request_ids: set[str] = field(default_factory=set)
     pending_frees: list[str] = field(default_factory=list)   # finished requests to free there
+    # Its first call tells it to forget every request: one that rejoins after being dropped
+    # (a missed deadline) may still hold requests the gateway has moved elsewhere.
+    needs_reset: bool = True
 
     def status(self) -> generation_pb2.DrafterStatus:
         return generation_pb2.DrafterStatus(address=self.address, drafter_id=self.drafter_id,
@@ -43,9 +46,18 @@ class DrafterHandle:
 class PoolError(ValueError):
     """A drafter cannot join: its address is malformed or its model does not fit the target."""
 
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
 
 class DrafterUnreachable(PoolError):
-    """A drafter cannot join because it does not answer."""
+    """Nothing at the address answers as a drafter of this deployment. One error for every
+    such case (closed port, another service, a drafter that cannot prove itself), so the
+    answer tells a caller nothing about what else lives at an address."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+    def __init__(self, address: str) -> None:
+        super().__init__(f"address: {address} is not a reachable drafter of this deployment")
 
 
 class DrafterPool:
@@ -67,14 +79,18 @@ class DrafterPool:
         try:
             await wait_healthy(address, timeout_s)
         except TimeoutError as err:
-            raise DrafterUnreachable(f"address: drafter {address} is not reachable: {err}") from err
+            logger.info("drafter %s did not become healthy: %s", address, err)
+            raise DrafterUnreachable(address) from None
         channel = grpc.aio.insecure_channel(address)
         stub = engine_pb2_grpc.DrafterStub(channel)
         try:
             info = await stub.GetInfo(engine_pb2.EngineInfoRequest(), timeout=timeout_s)
-        except grpc.aio.AioRpcError as err:
+            if not info.drafter_id:
+                raise DrafterUnreachable(address)
+        except (grpc.aio.AioRpcError, DrafterUnreachable) as err:
             await channel.close()
-            raise DrafterUnreachable(f"address: {address} does not answer as a drafter: {err.details()}") from err
+            logger.info("%s did not answer as a drafter: %s", address, err)
+            raise DrafterUnreachable(address) from None
         problem = None
         if info.vocab_size != self.target.vocab_size:
             problem = f"draft vocab {info.vocab_size} != target vocab {self.target.vocab_size}"

@@ -33,6 +33,7 @@ class ActiveRequest:
     pending_diff: list[int] = field(default_factory=list)   # verified tokens the drafter has not heard
     cancelled: bool = False
     done: bool = False                                       # final event sent
+    client_id: str = ""                                      # the id the client knows it by
 
     @property
     def request_id(self) -> str:

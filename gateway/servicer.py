@@ -8,9 +8,9 @@ import random
 
 import grpc
 
-from gateway.batch_manager import BatchManager
-from gateway.pool import DrafterUnreachable, PoolError
+from gateway.batch_manager import BatchManager, Overloaded
 from gateway.request import ActiveRequest, StreamEvent
+from gateway.validation import check_prompt_ids, check_prompt_text, check_stop_token_ids, clamp_max_tokens
 from minedraft import __version__
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.protocol import params_from_proto, stats_to_proto
@@ -30,37 +30,45 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         self._ids = itertools.count(1)
 
     async def _build(self, request: generation_pb2.GenerateRequest, context) -> ActiveRequest:
+        """Validate every field before anything is reserved; the first bad one is refused
+        with INVALID_ARGUMENT naming it (see docs/reliability.md)."""
+        if self.manager.unavailable:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.manager.unavailable)
         try:
             params = params_from_proto(request.sampling)
+            prompt_ids = await self._prompt_ids(request)
+            params = clamp_max_tokens(params, len(prompt_ids), self.max_model_len)
+            check_stop_token_ids(params, self.vocab_size)
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if request.prompt:
-            loop = asyncio.get_running_loop()
-            prompt_ids = await loop.run_in_executor(None, self.tokenizer.encode, request.prompt)
-        else:
-            prompt_ids = list(request.prompt_token_ids)
-        if not prompt_ids:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "prompt: empty (give prompt or prompt_token_ids)")
-        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"prompt_token_ids: {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt_ids) >= self.max_model_len:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"prompt: {len(prompt_ids)} tokens; the model's limit is {self.max_model_len}")
-        request_id = request.request_id or f"req-{next(self._ids)}"
-        if request_id in self.manager.requests:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request_id: {request_id!r} is already running")
+        # Server-side ids are unique whatever clients send: a client's own id is kept for its
+        # answers only, so no client can take, or collide with, another request's id.
+        number = next(self._ids)
+        request_id = f"{request.request_id}#{number}" if request.request_id else f"req-{number}"
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed, self.eos_token_ids, self.max_model_len)
-        req = ActiveRequest(seq, IncrementalDetokenizer(self.tokenizer, prompt_ids), StopStringMatcher(params.stop))
+        req = ActiveRequest(seq, IncrementalDetokenizer(self.tokenizer, prompt_ids), StopStringMatcher(params.stop),
+                            client_id=request.request_id or request_id)
         if not self.manager.admission.fits_ever(req):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "sampling.max_tokens: prompt + max_tokens exceed the KV cache capacity")
         return req
 
+    async def _prompt_ids(self, request: generation_pb2.GenerateRequest) -> list[int]:
+        if request.prompt:
+            check_prompt_text(request.prompt, self.max_model_len)
+            loop = asyncio.get_running_loop()
+            prompt_ids = await loop.run_in_executor(None, self.tokenizer.encode, request.prompt)
+        else:
+            prompt_ids = list(request.prompt_token_ids)
+        check_prompt_ids(prompt_ids, self.vocab_size, self.max_model_len)
+        return prompt_ids
+
     async def _events(self, req: ActiveRequest, context):
-        self.manager.submit(req)
+        try:
+            self.manager.submit(req)
+        except Overloaded as err:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         try:
             while True:
                 event: StreamEvent = await req.events.get()
@@ -78,7 +86,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         prompt_tokens = len(req.seq.prompt_token_ids)
         async for event in self._events(req, context):
             message = generation_pb2.GenerateStreamResponse(
-                request_id=req.request_id, text=event.text, token_ids=event.token_ids,
+                request_id=req.client_id, text=event.text, token_ids=event.token_ids,
                 prompt_tokens=prompt_tokens)
             if event.finish_reason is not None:
                 message.finish_reason = event.finish_reason
@@ -92,7 +100,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             text.append(event.text)
             finish_reason = event.finish_reason or finish_reason
         return generation_pb2.GenerateResponse(
-            request_id=req.request_id, text="".join(text), token_ids=req.seq.output_token_ids,
+            request_id=req.client_id, text="".join(text), token_ids=req.seq.output_token_ids,
             finish_reason=finish_reason, stats=stats_to_proto(req.seq.stats),
             prompt_tokens=len(req.seq.prompt_token_ids))
 
@@ -116,38 +124,3 @@ def server_info(mode: str, k: int, max_batch: int, target: str,
     """What stays fixed while the gateway runs; the pool's part is filled in per call."""
     return generation_pb2.ServerInfo(version=__version__, mode=mode, k=k, target_model=target,
                                      max_batch=max_batch, synthetic_acceptance=synthetic_acceptance)
-
-
-REGISTER_TIMEOUT_S = 10.0
-
-
-class DrafterPoolServicer(generation_pb2_grpc.DrafterPoolServicer):
-    """Drafters join and leave the pool at run time."""
-
-    def __init__(self, manager: BatchManager) -> None:
-        self.manager = manager
-
-    async def Register(self, request: generation_pb2.DrafterEndpoint, context) -> generation_pb2.PoolStatus:
-        if self.manager.pool is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this gateway runs in ar mode: no drafters")
-        try:
-            # A drafter that registers is already serving: it answers at once or not at all.
-            await self.manager.add_drafter(request.address, timeout_s=REGISTER_TIMEOUT_S)
-        except PoolError as err:
-            code = (grpc.StatusCode.UNAVAILABLE if isinstance(err, DrafterUnreachable)
-                    else grpc.StatusCode.INVALID_ARGUMENT)
-            await context.abort(code, str(err))
-        except grpc.aio.AioRpcError as err:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"address: drafter {request.address}: {err.details()}")
-        return self.manager.pool.status()
-
-    async def Deregister(self, request: generation_pb2.DrafterEndpoint, context) -> generation_pb2.PoolStatus:
-        if self.manager.pool is None:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this gateway runs in ar mode: no drafters")
-        if self.manager.remove_drafter(request.address) is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"address: {request.address!r} is not in the pool")
-        return self.manager.pool.status()
-
-    async def List(self, request, context) -> generation_pb2.PoolStatus:
-        pool = self.manager.pool
-        return pool.status() if pool is not None else generation_pb2.PoolStatus()

@@ -16,8 +16,12 @@ DATA_PLANES = (*DISTRIBUTED_BACKENDS, "inband")
 GATEWAY_PORT = 50051
 VERIFIER_PORT = 50061
 DRAFTER_PORT = 50071
+ADMIN_PORT = 50081           # the gateway's drafter-pool admin API, on loopback by default
 DEFAULT_GATEWAY = f"localhost:{GATEWAY_PORT}"
+DEFAULT_ADMIN = f"localhost:{ADMIN_PORT}"
 DEFAULT_VERIFIER = f"127.0.0.1:{VERIFIER_PORT}"
 
-# The largest gRPC message any service sends or accepts.
+# The largest gRPC message any service sends or accepts (internal steps of large batches).
 MAX_MESSAGE_BYTES = 256 << 20
+# The largest request the public API accepts: a prompt of about a million characters.
+MAX_REQUEST_BYTES = 4 << 20

@@ -52,13 +52,15 @@ def stats_to_proto(stats: AcceptanceStats) -> generation_pb2.AcceptanceStats:
         drafted_at=stats.drafted_at, accepted_at=stats.accepted_at)
 
 
-def engine_info(runner, model_name: str, data_plane: str,
+def engine_info(requests, model_name: str, data_plane: str, instance_id: str,
                 synthetic_acceptance: float | None = None) -> engine_pb2.EngineInfo:
-    """GetInfo answer of a drafter or verifier: what the gateway sizes its admission by."""
+    """GetInfo answer of a drafter or verifier (`requests`: its RequestTable): what the
+    gateway sizes its admission by, and what tests and operators check state by."""
+    runner = requests.runner
     cfg = runner.model_config
     return engine_pb2.EngineInfo(
         model=model_name, vocab_size=cfg.vocab_size, eos_token_ids=list(cfg.eos_token_ids),
         max_model_len=cfg.max_position, num_blocks=runner.config.num_blocks,
         block_size=runner.config.block_size, free_blocks=runner.blocks.num_free_blocks,
-        dtype=runner.config.dtype, data_plane=data_plane,
-        synthetic_acceptance=synthetic_acceptance or 0.0)
+        dtype=runner.config.dtype, data_plane=data_plane, instance_id=instance_id,
+        num_requests=len(requests), synthetic_acceptance=synthetic_acceptance or 0.0)

@@ -6,6 +6,11 @@ import math
 from dataclasses import dataclass
 
 _MAX_SEED = 2**63
+# Below this a temperature divides logits into overflow (1e-38 gave NaN probabilities):
+# such requests sample greedily, which is what the temperature asks for in the limit.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256       # characters; each step scans the new text for every stop string
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class SamplingParams:
         if isinstance(self.stop, list):
             object.__setattr__(self, "stop", tuple(self.stop))
         self.validate()
+        if 0 < self.temperature < GREEDY_BELOW_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
 
     def validate(self) -> None:
         """Reject bad user input with a message that names the field."""
@@ -60,9 +67,14 @@ class SamplingParams:
                 )
         if not isinstance(self.stop, tuple):
             raise ValueError(f"stop must be a tuple or list of strings, got {self.stop!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop: {len(self.stop)} stop strings; at most {MAX_STOP_STRINGS}")
         for stop_string in self.stop:
             if not isinstance(stop_string, str) or not stop_string:
                 raise ValueError(f"stop must hold non-empty strings, got {stop_string!r}")
+            if len(stop_string) > MAX_STOP_LENGTH:
+                raise ValueError(f"stop: a stop string of {len(stop_string)} characters; "
+                                 f"at most {MAX_STOP_LENGTH}")
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 

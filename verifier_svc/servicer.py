@@ -10,17 +10,22 @@ with the other tensor-parallel ranks.
 from __future__ import annotations
 
 import asyncio
+import functools
+import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
 from minedraft.data_plane import DraftPairings, decode_payload
+from minedraft.engine_requests import UnknownRequest
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import engine_info
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from verifier_svc.steps import StepExecutor
 
 _STEPS_REMEMBERED = 1024
+PREDECESSOR_WAIT_S = 60.0   # a step naming a predecessor that never comes is refused after this
 
 
 class VerifierServicer(engine_pb2_grpc.VerifierServicer):
@@ -29,19 +34,34 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         self.pairings = pairings
         self.model_name = model_name
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self.instance_id = uuid.uuid4().hex
         self._steps_queued: dict[int, asyncio.Event] = {}
 
     async def Step(self, request: engine_pb2.VerifyStepRequest, context) -> engine_pb2.VerifyStepResponse:
         loop = asyncio.get_running_loop()
         try:
             if request.after_step_id:
-                await self._queued(request.after_step_id).wait()
+                try:
+                    await asyncio.wait_for(self._queued(request.after_step_id).wait(), PREDECESSOR_WAIT_S)
+                except asyncio.TimeoutError:
+                    await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                        f"after_step_id: step {request.after_step_id} did not arrive "
+                                        f"within {PREDECESSOR_WAIT_S:.0f} s")
                 self._steps_queued.pop(request.after_step_id, None)
             # The compute thread runs its queue in order: once queued, a step's successor may
             # queue behind it at once, so the thread goes from one straight to the next.
-            result = loop.run_in_executor(self.compute, self.executor.lead, request, self.pairings)
+            lead = functools.partial(self.executor.lead, request, self.pairings)
+            remaining = context.time_remaining() if context is not None else None
+            if remaining is not None:
+                # Drafts that do not come within half the caller's deadline are lost (k = 0)
+                # rather than failing the whole step: one stalled drafter costs one step's
+                # speculation, not the batch.
+                lead = functools.partial(lead, recv_deadline=time.monotonic() + remaining / 2)
+            result = loop.run_in_executor(self.compute, lead)
             self._queued(request.step_id).set()
             return await result
+        except UnknownRequest as err:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"verify step {request.step_id}: {err}")
         except (ValueError, KeyError) as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"verify step {request.step_id}: {err}")
         except OutOfBlocks as err:
@@ -62,13 +82,20 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
     async def ConnectDrafter(self, request: engine_pb2.ConnectDrafterRequest,
                              context) -> engine_pb2.ConnectDrafterResponse:
         try:
-            address = self.pairings.connect(request.drafter_id)
+            address, key = self.pairings.connect(request.drafter_id, request.pairing_key)
+        except PermissionError as err:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        return engine_pb2.ConnectDrafterResponse(data_plane=self.pairings.backend, address=address)
+        return engine_pb2.ConnectDrafterResponse(data_plane=self.pairings.backend, address=address,
+                                                 pairing_key=key)
 
     async def DisconnectDrafter(self, request: engine_pb2.DisconnectDrafterRequest,
                                 context) -> engine_pb2.DisconnectDrafterResponse:
+        try:
+            self.pairings.check_key(request.drafter_id, request.pairing_key)
+        except PermissionError as err:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         await asyncio.get_running_loop().run_in_executor(None, self.pairings.disconnect, request.drafter_id)
         return engine_pb2.DisconnectDrafterResponse()
 
@@ -89,7 +116,7 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
 
     async def GetInfo(self, request, context) -> engine_pb2.EngineInfo:
         verifier = self.executor.verifier
-        info = engine_info(verifier.runner, self.model_name, self.pairings.backend,
+        info = engine_info(verifier, self.model_name, self.pairings.backend, self.instance_id,
                            synthetic_acceptance=verifier.synthetic_acceptance)
         info.tp_size = self.executor.tp.size
         return info

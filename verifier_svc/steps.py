@@ -17,6 +17,7 @@ import time
 import torch
 
 from minedraft.data_plane import DraftPairings
+from minedraft.engine_requests import StepCheck
 from minedraft.parallel import TPGroup
 from minedraft.protocol import params_from_proto
 from minedraft.v1 import engine_pb2
@@ -24,6 +25,7 @@ from minedraft.verifier import Verifier
 
 logger = logging.getLogger("minedraft.verifier")
 _STOP = b""          # broadcast to the followers when the driver shuts down
+DRAFT_WAIT_S = 60.0  # how long a step with no deadline waits for its drafts
 
 
 class StepExecutor:
@@ -34,9 +36,11 @@ class StepExecutor:
         self.vocab_size, self.dtype, self.device = runner.vocab_size, runner.config.torch_dtype, runner.device
 
     # ---- rank 0 --------------------------------------------------------------------------
-    def lead(self, request: engine_pb2.VerifyStepRequest,
-             pairings: DraftPairings | None) -> engine_pb2.VerifyStepResponse:
-        resolved, token_ids, probs, recv_s = self._collect(request, pairings)
+    def lead(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
+             recv_deadline: float | None = None) -> engine_pb2.VerifyStepResponse:
+        """recv_deadline (time.monotonic()): drafts not arrived by then are lost (k = 0)."""
+        check_step(request, self.verifier)      # before any draft is taken off the data plane
+        resolved, token_ids, probs, recv_s = self._collect(request, pairings, recv_deadline)
         if self.tp.size > 1:
             self.tp.broadcast_bytes(resolved.SerializeToString())
             token_ids, probs = self._broadcast_drafts(resolved, token_ids, probs)
@@ -48,7 +52,8 @@ class StepExecutor:
         if self.tp.size > 1:
             self.tp.broadcast_bytes(_STOP)
 
-    def _collect(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None):
+    def _collect(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
+                 recv_deadline: float | None = None):
         """-> (request naming no drafter, flat draft tokens [n], probs [n, V] or None, seconds)."""
         items = list(request.items)
         for item in items:
@@ -64,8 +69,14 @@ class StepExecutor:
             if count:
                 if pairings is None:
                     raise ValueError("drafts expected but this verifier has no data plane")
+                timeout_s = (DRAFT_WAIT_S if recv_deadline is None
+                             else max(0.05, recv_deadline - time.monotonic()))
                 payload = pairings.recv(source.drafter_id, source.draft_step_id, count, source.with_probs,
-                                        self.vocab_size, self.dtype)
+                                        self.vocab_size, self.dtype, timeout_s)
+                if payload is not None and not _in_vocab(payload.token_ids, self.vocab_size):
+                    logger.warning("step %d: drafter %s sent token ids outside the vocabulary; "
+                                   "its drafts are dropped", request.step_id, source.drafter_id)
+                    payload = None
             per_source.append(None if payload is None else payload.token_ids.to(self.device))
             probs_by_source.append(None if payload is None or payload.probs is None
                                    else payload.probs.to(self.device))
@@ -133,8 +144,11 @@ class StepExecutor:
     # ---- every rank ----------------------------------------------------------------------
     def execute(self, request: engine_pb2.VerifyStepRequest, token_ids: torch.Tensor | None,
                 probs: torch.Tensor | None) -> engine_pb2.VerifyStepResponse:
-        """Apply frees and new requests, then verify the resolved items."""
+        """Apply frees and new requests, then verify the resolved items. A step that names
+        an unknown request, repeats a known one or carries out-of-vocabulary tokens is
+        refused whole, before anything changes (on every rank alike)."""
         verifier = self.verifier
+        check_step(request, verifier)
         for rid in request.finished:
             verifier.remove_request(rid)
         for new in request.new_requests:
@@ -145,7 +159,7 @@ class StepExecutor:
         offsets = [0]
         for k in ks:
             offsets.append(offsets[-1] + k)
-        # Requests that finished or were cancelled after they were drafted: their drafts
+        # Requests freed by this very step (cancelled after they were drafted): their drafts
         # arrived with the batch's and are dropped here.
         keep = [i for i, item in enumerate(request.items) if item.request_id in verifier]
         items = [(request.items[i].request_id, flat[offsets[i]:offsets[i + 1]]) for i in keep]
@@ -158,3 +172,15 @@ class StepExecutor:
             step_id=request.step_id, busy_s=busy_s,
             results=[engine_pb2.VerifyResult(request_id=rid, token_ids=tokens, num_draft=len(drafts))
                      for (rid, drafts), tokens in zip(items, new_tokens)])
+
+
+def check_step(request: engine_pb2.VerifyStepRequest, verifier: Verifier) -> None:
+    """Refuse a step that would corrupt the request table, before it changes anything."""
+    check = StepCheck(verifier, request.finished)
+    check.add_new(request.new_requests)
+    for item in request.items:
+        check.require(item.request_id, "items", freed_ok=True)
+
+
+def _in_vocab(token_ids: torch.Tensor, vocab_size: int) -> bool:
+    return token_ids.numel() == 0 or bool(((token_ids >= 0) & (token_ids < vocab_size)).all())

@@ -13,7 +13,9 @@ failing the batch.
 
 from __future__ import annotations
 
+import hmac
 import logging
+import secrets
 import threading
 
 import torch
@@ -29,6 +31,7 @@ logger = logging.getLogger("minedraft.data_plane")
 class _Pairing:
     def __init__(self) -> None:
         self.formed = threading.Event()
+        self.key = secrets.token_hex(16)
         self.receiver: DraftReceiver | None = None
         self.error: BaseException | None = None
 
@@ -48,11 +51,13 @@ class DraftPairings:
     def __contains__(self, drafter_id: str) -> bool:
         return drafter_id in self._pairings
 
-    def connect(self, drafter_id: str) -> str:
-        """Open a pairing for a joining drafter; -> the rendezvous address it must join
-        ('' in-band). A drafter that connects again replaces its old pairing."""
+    def connect(self, drafter_id: str, pairing_key: str = "") -> tuple[str, str]:
+        """Open a pairing for a joining drafter; -> (the rendezvous address it must join,
+        '' in-band; the pairing's key). A drafter that connects again replaces its old
+        pairing, but only with the key it was given: nobody else can take over its drafts."""
         if not drafter_id:
             raise ValueError("drafter_id: empty")
+        self.check_key(drafter_id, pairing_key)
         self.disconnect(drafter_id)
         pairing = _Pairing()
         if self.backend == "inband":
@@ -66,7 +71,14 @@ class DraftPairings:
                              name=f"pair-{drafter_id[:8]}", daemon=True).start()
         with self._lock:
             self._pairings[drafter_id] = pairing
-        return address
+        return address, pairing.key
+
+    def check_key(self, drafter_id: str, pairing_key: str) -> None:
+        """Raises PermissionError unless the drafter is unpaired or the key is its pairing's."""
+        pairing = self._pairings.get(drafter_id)
+        if pairing is not None and not hmac.compare_digest(pairing.key, pairing_key):
+            raise PermissionError(f"drafter_id: {drafter_id!r} is paired already; only that drafter, "
+                                  f"with its pairing_key, may pair again or leave")
 
     def _form(self, drafter_id: str, pairing: _Pairing, store) -> None:
         try:

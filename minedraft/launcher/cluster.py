@@ -26,6 +26,7 @@ class Cluster:
         self._killed: set[str] = set()
         self._port_dir: Path | None = None
         self.port = config.port             # the bound one once started (config.port 0: any)
+        self.admin_address = ""             # the gateway's drafter-pool admin API
         self.verifier_address = ""
         self.drafter_addresses: list[str] = []
 
@@ -34,63 +35,79 @@ class Cluster:
         return f"{self.config.host}:{self.port}"
 
     def start(self) -> "Cluster":
-        """Start verifier, drafters and gateway in that order. Each binds a port of its own
-        choosing (or the configured public port) and names it in a port file, so no port is
-        picked ahead of time and lost to another bind before the service takes it."""
+        """Start the verifier, the gateway, then the drafters, which join the gateway's pool
+        themselves (as replicas started by an orchestrator do, and rejoin after a restart).
+        Each binds a port of its own choosing (or the configured public port) and names it
+        in a port file, so no port is picked ahead of time and lost to another bind."""
         cfg = self.config
         self._port_dir = Path(tempfile.mkdtemp(prefix="minedraft-ports-"))
-        plane = cfg.data_plane if cfg.mode != "ar" else "inband"
         self._common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
                         "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
         try:
-            self._spawn("verifier", ["verifier_svc", "--model", cfg.target, "--port", "0",
-                                     "--device", cfg.target_device, "--threads", str(cfg.target_threads),
-                                     "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
-                        + self._common
-                        + ([] if cfg.synthetic_acceptance is None else
-                           ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
+            self._spawn_verifier(port=0)
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
-            names = [self._spawn_drafter() for _ in range(cfg.drafters if cfg.mode != "ar" else 0)]
-            self.drafter_addresses = [f"{cfg.host}:{self._wait_port(name)}" for name in names]
-            drafter_flags = [flag for address in self.drafter_addresses for flag in ("--drafter", address)]
-            self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
+            self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port), "--admin-port", "0",
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
-                                    "--log-level", cfg.log_level] + drafter_flags)
+                                    "--step-timeout", str(cfg.step_timeout_s), "--log-level", cfg.log_level])
             self.port = self._wait_port("gateway")
+            self.admin_address = f"{cfg.host}:{self._wait_port('gateway.admin', process='gateway')}"
             asyncio.run(self._wait_ready(self.address))
+            for _ in range(cfg.drafters if cfg.mode != "ar" else 0):
+                self.add_drafter()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def _spawn_drafter(self, register: bool = False) -> str:
-        """Start one more drafter; -> its process name. With register it joins the running
-        gateway's pool itself (as replicas started by an orchestrator do)."""
+    def _spawn_verifier(self, port: int) -> None:
         cfg = self.config
-        name = f"drafter-{sum(n.startswith('drafter') for n in self.procs)}"
+        plane = cfg.data_plane if cfg.mode != "ar" else "inband"
+        self._spawn("verifier", ["verifier_svc", "--model", cfg.target, "--port", str(port),
+                                 "--device", cfg.target_device, "--threads", str(cfg.target_threads),
+                                 "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
+                    + self._common
+                    + ([] if cfg.synthetic_acceptance is None else
+                       ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
+
+    def _spawn_drafter(self, name: str | None = None) -> str:
+        """Start a drafter that joins the gateway's pool itself; -> its process name."""
+        cfg = self.config
+        name = name or f"drafter-{sum(n.startswith('drafter') for n in self.procs)}"
         self._spawn(name, ["drafter_svc", "--model", cfg.draft, "--port", "0",
                            "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
-                           "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address] + self._common
-                    + (["--register-with", self.address] if register else []))
+                           "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address,
+                           "--register-with", self.admin_address] + self._common)
         return name
 
-    def add_drafter(self) -> tuple[str, str]:
-        """A drafter joining the running pool; returns once the gateway lists it.
-        -> (process name, address)."""
-        name = self._spawn_drafter(register=True)
+    def add_drafter(self, name: str | None = None) -> tuple[str, str]:
+        """A drafter joining the running pool (a new one, or `name` started again); returns
+        once the gateway lists it. -> (process name, address)."""
+        name = self._spawn_drafter(name)
         address = f"{self.config.host}:{self._wait_port(name)}"
         asyncio.run(self._wait_listed(address))
-        self.drafter_addresses.append(address)
+        if address not in self.drafter_addresses:
+            self.drafter_addresses.append(address)
         return name, address
 
-    def _wait_port(self, name: str) -> int:
-        """The port `name` bound, from its port file; fails fast if the process died."""
+    def restart_verifier(self) -> None:
+        """Start the verifier again on its old port (after `kill`); returns once it serves."""
+        self._spawn_verifier(port=int(self.verifier_address.rpartition(":")[2]))
+        self._wait_port("verifier")
+        asyncio.run(wait_healthy(self.verifier_address, self.config.startup_timeout_s))
+
+    def send_signal(self, name: str, sig: int) -> None:
+        """Send one service a signal (SIGSTOP / SIGCONT / SIGTERM in failure tests)."""
+        self.procs[name].send_signal(sig)
+
+    def _wait_port(self, name: str, process: str | None = None) -> int:
+        """The port in port file `name` (written by `process`, default the same name); fails
+        fast if the process died."""
         path = self._port_dir / name
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not path.exists():
-            if self.procs[name].poll() is not None:
-                raise RuntimeError(f"{name} exited during start-up")
+            if self.procs[process or name].poll() is not None:
+                raise RuntimeError(f"{process or name} exited during start-up")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{name} did not start serving within {self.config.startup_timeout_s:.0f} s")
             time.sleep(0.05)
@@ -102,7 +119,7 @@ class Cluster:
         from minedraft.v1 import generation_pb2, generation_pb2_grpc
 
         deadline = time.monotonic() + self.config.startup_timeout_s
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with grpc.aio.insecure_channel(self.admin_address) as channel:
             stub = generation_pb2_grpc.DrafterPoolStub(channel)
             while time.monotonic() < deadline:
                 status = await stub.List(generation_pb2.ListDraftersRequest())
@@ -113,16 +130,20 @@ class Cluster:
                 await asyncio.sleep(0.2)
         raise TimeoutError(f"drafter {address} did not join the pool")
 
-    def kill(self, name: str) -> None:
-        """SIGKILL one service process (failure tests)."""
+    def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> int:
+        """End one service process with `sig` (failure tests; SIGTERM lets it leave as a
+        scaled-down replica does) and wait for it; -> its exit code."""
         proc = self.procs[name]
         self._killed.add(name)
-        proc.kill()
-        proc.wait()
+        proc.send_signal(sig)
+        return proc.wait(timeout_s)
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         """python -m <argv>, in its own session (a Ctrl-C at the terminal reaches only us)."""
-        argv = [sys.executable, "-m", *argv, "--port-file", str(self._port_dir / name)]
+        port_file = self._port_dir / name
+        port_file.unlink(missing_ok=True)           # a restarted service writes it anew
+        self._killed.discard(name)
+        argv = [sys.executable, "-m", *argv, "--port-file", str(port_file)]
         self.procs[name] = subprocess.Popen(argv, start_new_session=True)
 
     async def _wait_ready(self, address: str) -> None:
@@ -139,10 +160,11 @@ class Cluster:
         return [n for n, p in self.procs.items() if p.poll() is not None and n not in self._killed]
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Front to back: the gateway first (no new steps), then the drafter, then the
-        verifier, whose data-plane receive is still posted until its peer has gone."""
+        """The drafters first (each leaves the gateway's pool, as a scaled-down replica does),
+        then the gateway (it drains what is in flight), then the verifier, whose data-plane
+        receives stay posted until its peers have gone."""
         deadline = time.monotonic() + timeout_s
-        order = (["gateway"] + [n for n in self.procs if n.startswith("drafter")] + ["verifier"])
+        order = ([n for n in self.procs if n.startswith("drafter")] + ["gateway", "verifier"])
         for name in order:
             proc = self.procs.get(name)
             if proc is None:

@@ -30,6 +30,7 @@ class ServeConfig:
     drafters: int = 1              # drafters in the pool (ar mode starts none)
     num_blocks: int = 4096
     log_level: str = "WARNING"
+    step_timeout_s: float = 30.0   # the least deadline of a gateway-to-service call
     startup_timeout_s: float = 300.0
     synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights

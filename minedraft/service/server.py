@@ -8,12 +8,71 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.constants import MAX_MESSAGE_BYTES
 
 MESSAGE_SIZE_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
+
+
+class _Malformed:
+    """What a request that is not valid protobuf deserialises to, so the handler can refuse
+    it with INVALID_ARGUMENT instead of gRPC answering UNKNOWN and logging a traceback."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], object]) -> Callable[[bytes], object]:
+    def deserialize(data: bytes) -> object:
+        try:
+            return deserializer(data)
+        except DecodeError as err:
+            return _Malformed(err)
+    return deserialize
+
+
+async def _refuse(context: grpc.aio.ServicerContext, request: _Malformed) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid protobuf message ({request.error})")
+
+
+def _refusing_malformed(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """The same handler, refusing malformed requests first (unary requests only)."""
+    if handler.request_streaming or handler.request_deserializer is None:
+        return handler
+    if handler.response_streaming:
+        behavior = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if isinstance(request, _Malformed):
+                await _refuse(context, request)
+            async for response in behavior(request, context):
+                yield response
+        return handler._replace(request_deserializer=_tolerant(handler.request_deserializer),
+                                unary_stream=unary_stream)
+    behavior = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if isinstance(request, _Malformed):
+            await _refuse(context, request)
+        return await behavior(request, context)
+    return handler._replace(request_deserializer=_tolerant(handler.request_deserializer), unary_unary=unary_unary)
+
+
+class _HandlerCapture:
+    """Stands in for the server while generated `add_*Servicer_to_server` functions run, so
+    their handlers can be wrapped before the real server gets them."""
+
+    def __init__(self) -> None:
+        self.services: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass                                # the same handlers come again, registered by name
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.services[service] = handlers
 
 
 @dataclass
@@ -39,6 +98,7 @@ async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: s
                        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
                        max_receive_bytes: int = MAX_MESSAGE_BYTES) -> Served:
     """Start a grpc.aio server with the standard health service, SERVING once started.
+    Every unary request that is not valid protobuf is refused with INVALID_ARGUMENT.
 
     port 0 binds any free port; port_file then tells a launcher which one, once serving
     (choosing a free port for a child ahead of time races with every other bind on the host).
@@ -47,7 +107,12 @@ async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: s
     server = grpc.aio.server(interceptors=list(interceptors),
                              options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_receive_message_length", max_receive_bytes)])
-    add_servicers(server)
+    capture = _HandlerCapture()
+    add_servicers(capture)
+    for service, handlers in capture.services.items():
+        wrapped = {name: _refusing_malformed(handler) for name, handler in handlers.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        server.add_registered_method_handlers(service, wrapped)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     address = f"{host}:{port}"

@@ -36,18 +36,20 @@ class DraftItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "updates", "finished", "items")
+    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RESET_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     updates: _containers.RepeatedCompositeFieldContainer[TokenDiff]
     finished: _containers.RepeatedScalarFieldContainer[str]
     items: _containers.RepeatedCompositeFieldContainer[DraftItem]
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ...) -> None: ...
+    reset: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
     __slots__ = ("step_id", "busy_s", "sent_bytes", "with_probs")
@@ -144,7 +146,7 @@ class EngineInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "synthetic_acceptance", "drafter_id", "tp_size")
+    __slots__ = ("model", "vocab_size", "eos_token_ids", "max_model_len", "num_blocks", "block_size", "free_blocks", "dtype", "data_plane", "synthetic_acceptance", "drafter_id", "tp_size", "instance_id", "num_requests")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +159,8 @@ class EngineInfo(_message.Message):
     SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     vocab_size: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -169,27 +173,35 @@ class EngineInfo(_message.Message):
     synthetic_acceptance: float
     drafter_id: str
     tp_size: int
-    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ..., drafter_id: _Optional[str] = ..., tp_size: _Optional[int] = ...) -> None: ...
+    instance_id: str
+    num_requests: int
+    def __init__(self, model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., free_blocks: _Optional[int] = ..., dtype: _Optional[str] = ..., data_plane: _Optional[str] = ..., synthetic_acceptance: _Optional[float] = ..., drafter_id: _Optional[str] = ..., tp_size: _Optional[int] = ..., instance_id: _Optional[str] = ..., num_requests: _Optional[int] = ...) -> None: ...
 
 class ConnectDrafterRequest(_message.Message):
-    __slots__ = ("drafter_id",)
+    __slots__ = ("drafter_id", "pairing_key")
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PAIRING_KEY_FIELD_NUMBER: _ClassVar[int]
     drafter_id: str
-    def __init__(self, drafter_id: _Optional[str] = ...) -> None: ...
+    pairing_key: str
+    def __init__(self, drafter_id: _Optional[str] = ..., pairing_key: _Optional[str] = ...) -> None: ...
 
 class ConnectDrafterResponse(_message.Message):
-    __slots__ = ("data_plane", "address")
+    __slots__ = ("data_plane", "address", "pairing_key")
     DATA_PLANE_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PAIRING_KEY_FIELD_NUMBER: _ClassVar[int]
     data_plane: str
     address: str
-    def __init__(self, data_plane: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+    pairing_key: str
+    def __init__(self, data_plane: _Optional[str] = ..., address: _Optional[str] = ..., pairing_key: _Optional[str] = ...) -> None: ...
 
 class DisconnectDrafterRequest(_message.Message):
-    __slots__ = ("drafter_id",)
+    __slots__ = ("drafter_id", "pairing_key")
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PAIRING_KEY_FIELD_NUMBER: _ClassVar[int]
     drafter_id: str
-    def __init__(self, drafter_id: _Optional[str] = ...) -> None: ...
+    pairing_key: str
+    def __init__(self, drafter_id: _Optional[str] = ..., pairing_key: _Optional[str] = ...) -> None: ...
 
 class DisconnectDrafterResponse(_message.Message):
     __slots__ = ()

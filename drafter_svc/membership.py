@@ -1,0 +1,128 @@
+"""A drafter's two memberships, kept alive: its data-plane pairing with the verifier and its
+place in the gateway's drafter pool.
+
+- Pairing: ConnectDrafter gives a rendezvous address (or in-band) and a pairing key; the
+  drafter joins and sends drafts there. When the verifier restarts (a new instance id) or a
+  send fails (the verifier dropped the pairing after drafts came too late), the drafter
+  pairs again, with its key. Its requests stay: the gateway frees those it gave up on.
+- Pool: with --register-with the drafter registers at the gateway's admin API, retrying with
+  backoff, and checks every few seconds that it is still listed: a gateway that dropped it
+  (a missed deadline, a SIGSTOP) or restarted gets it back without anyone's help. On stop it
+  deregisters and leaves its pairing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import grpc
+
+from drafter_svc.servicer import DrafterServicer
+from minedraft.data_plane import DraftSender
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+
+logger = logging.getLogger("minedraft.drafter")
+CALL_TIMEOUT_S = 10.0
+CHECK_INTERVAL_S = 2.0
+
+
+class Pairing:
+    """The drafter's end of its data-plane pairing with one verifier instance."""
+
+    def __init__(self, verifier: engine_pb2_grpc.VerifierStub, drafter_id: str,
+                 open_sender) -> None:
+        """open_sender(ConnectDrafterResponse) -> DraftSender (blocking; run off the loop)."""
+        self.verifier, self.drafter_id, self._open_sender = verifier, drafter_id, open_sender
+        self.key = ""
+        self.instance_id = ""
+        self.data_plane = ""
+
+    async def connect(self) -> DraftSender:
+        info = await self.verifier.GetInfo(engine_pb2.EngineInfoRequest(), timeout=CALL_TIMEOUT_S)
+        if info.instance_id != self.instance_id:
+            self.key = ""                   # a new verifier knows no key
+        reply = await self.verifier.ConnectDrafter(
+            engine_pb2.ConnectDrafterRequest(drafter_id=self.drafter_id, pairing_key=self.key),
+            timeout=CALL_TIMEOUT_S)
+        self.key, self.instance_id, self.data_plane = reply.pairing_key, info.instance_id, reply.data_plane
+        return await asyncio.get_running_loop().run_in_executor(None, self._open_sender, reply)
+
+    async def verifier_instance(self) -> str | None:
+        try:
+            info = await self.verifier.GetInfo(engine_pb2.EngineInfoRequest(), timeout=CALL_TIMEOUT_S)
+            return info.instance_id
+        except grpc.aio.AioRpcError:
+            return None
+
+    async def disconnect(self) -> None:
+        try:
+            await self.verifier.DisconnectDrafter(
+                engine_pb2.DisconnectDrafterRequest(drafter_id=self.drafter_id, pairing_key=self.key),
+                timeout=5.0)
+        except grpc.aio.AioRpcError:
+            pass
+
+
+async def keep_paired(pairing: Pairing, servicer: DrafterServicer) -> None:
+    """Pair again whenever the verifier restarted or a send failed."""
+    while True:
+        await asyncio.sleep(CHECK_INTERVAL_S / 2)
+        instance = await pairing.verifier_instance()
+        if instance is None or (instance == pairing.instance_id and not servicer.send_failed):
+            continue
+        why = "the verifier restarted" if instance != pairing.instance_id else "a send failed"
+        try:
+            sender = await pairing.connect()
+        except (grpc.aio.AioRpcError, OSError, RuntimeError, TimeoutError) as err:
+            logger.warning("%s; pairing again failed (%s), will retry", why, err)
+            continue
+        servicer.replace_sender(sender)
+        logger.warning("%s: paired again with verifier %s", why, pairing.instance_id[:8])
+
+
+async def _pool_call(admin: str, method: str, address: str, timeout_s: float = CALL_TIMEOUT_S):
+    async with grpc.aio.insecure_channel(admin) as channel:
+        stub = generation_pb2_grpc.DrafterPoolStub(channel)
+        request = (generation_pb2.ListDraftersRequest() if method == "List"
+                   else generation_pb2.DrafterEndpoint(address=address))
+        return await getattr(stub, method)(request, timeout=timeout_s)
+
+
+async def register(admin: str, address: str, attempts: int = 0) -> None:
+    """Join the pool, retrying with exponential backoff (attempts 0: until it works)."""
+    delay, attempt = 0.2, 0
+    while True:
+        attempt += 1
+        try:
+            await _pool_call(admin, "Register", address)
+            logger.info("joined the drafter pool at %s", admin)
+            return
+        except grpc.aio.AioRpcError as err:
+            if attempts and attempt >= attempts:
+                raise
+            logger.warning("could not join the drafter pool at %s (%s: %s); retrying in %.1f s",
+                           admin, err.code().name, err.details(), delay)
+        await asyncio.sleep(delay * (1 + random.random() / 4))
+        delay = min(delay * 2, 10.0)
+
+
+async def keep_registered(admin: str, address: str) -> None:
+    """Rejoin whenever the pool no longer lists this drafter."""
+    while True:
+        await asyncio.sleep(CHECK_INTERVAL_S)
+        try:
+            status = await _pool_call(admin, "List", address)
+        except grpc.aio.AioRpcError:
+            continue                        # the gateway is away: ask again later
+        if not any(d.address == address for d in status.drafters):
+            logger.warning("no longer in the drafter pool at %s: joining again", admin)
+            await register(admin, address)
+
+
+async def leave(admin: str, address: str) -> None:
+    try:
+        await _pool_call(admin, "Deregister", address, timeout_s=5.0)
+    except grpc.aio.AioRpcError as err:
+        logger.warning("could not leave the drafter pool: %s", err.details())
