@@ -90,7 +90,7 @@ class StepExecutor:
             k = item.num_draft
             tokens = per_source[item.source] if k else None
             if tokens is None:          # no drafts, or lost with their drafter: verify k = 0
-                resolved.items.add(request_id=item.request_id, num_draft=0)
+                resolved.items.add(request_id=item.request_id, num_draft=0, drop=item.drop)
                 continue
             start_row = offsets[item.source]
             offsets[item.source] += k
@@ -103,7 +103,7 @@ class StepExecutor:
                 else:
                     source_probs_rows = source_probs[start_row:start_row + k]
                 prob_parts.append(source_probs_rows)
-            resolved.items.add(request_id=item.request_id, num_draft=k)
+            resolved.items.add(request_id=item.request_id, num_draft=k, drop=item.drop)
         if any_probs and prob_parts:
             resolved.sources.add(with_probs=True)
         token_ids = (torch.cat(token_parts) if token_parts
@@ -161,7 +161,7 @@ class StepExecutor:
             offsets.append(offsets[-1] + k)
         # Requests freed by this very step (cancelled after they were drafted): their drafts
         # arrived with the batch's and are dropped here.
-        keep = [i for i, item in enumerate(request.items) if item.request_id in verifier]
+        keep = [i for i, item in enumerate(request.items) if not item.drop and item.request_id in verifier]
         items = [(request.items[i].request_id, flat[offsets[i]:offsets[i + 1]]) for i in keep]
         if probs is not None and len(keep) < len(ks):
             rows = [r for i in keep for r in range(offsets[i], offsets[i + 1])]
@@ -179,7 +179,8 @@ def check_step(request: engine_pb2.VerifyStepRequest, verifier: Verifier) -> Non
     check = StepCheck(verifier, request.finished)
     check.add_new(request.new_requests)
     for item in request.items:
-        check.require(item.request_id, "items", freed_ok=True)
+        if not item.drop:
+            check.require(item.request_id, "items", freed_ok=True)
 
 
 def _in_vocab(token_ids: torch.Tensor, vocab_size: int) -> bool:

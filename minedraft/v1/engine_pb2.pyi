@@ -64,14 +64,16 @@ class DraftStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
-    __slots__ = ("request_id", "num_draft", "source")
+    __slots__ = ("request_id", "num_draft", "source", "drop")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_draft: int
     source: int
-    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ..., source: _Optional[int] = ...) -> None: ...
+    drop: bool
+    def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ..., source: _Optional[int] = ..., drop: _Optional[bool] = ...) -> None: ...
 
 class DraftSource(_message.Message):
     __slots__ = ("drafter_id", "draft_step_id", "with_probs")
