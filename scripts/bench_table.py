@@ -1,49 +1,39 @@
 """Markdown tables of a `minedraft bench` run, as docs/benchmarks.md shows them.
 
-    python scripts/bench_table.py docs/results/bench/bench.json
+    python scripts/bench_table.py docs/results/bench/bench.json           # print the tables
+    python scripts/bench_table.py docs/results/bench/bench.json --write   # and rewrite the docs
+
+--write rewrites the generated regions of README.md (the performance summary) and
+docs/benchmarks.md (the tables) from the run, so the figures there cannot drift from it.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from pathlib import Path
 
-HEADER = ("| mode | k | tok/s | p50 s | p99 s | TTFT s | TPOT ms | MAL | gw % | dp % | ceil | psd/sd | eff |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+from minedraft.bench.doc_regions import regenerate
+from minedraft.bench.table import markdown_tables
 
-
-def _row(r: dict, best: bool) -> str:
-    tok = f"**{r['output_tokens_per_s']:.1f}**" if best else f"{r['output_tokens_per_s']:.1f}"
-    extra = (f"{r['ceiling']:.2f} | {r['psd_over_sd']:.2f} | {r['overlap_efficiency']:.2f}"
-             if "ceiling" in r else " | | ")
-    return (f"| {r['mode']} | {r['k']} | {tok} | {r['latency_p50_s']:.2f} | {r['latency_p99_s']:.2f} | "
-            f"{r['ttft_p50_s']:.2f} | {r['tpot_mean_s'] * 1e3:.1f} | {r['mean_acceptance_length']:.2f} | "
-            f"{r['gateway_share'] * 100:.1f} | {r['data_plane_share'] * 100:.1f} | {extra} |")
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def tables(report: dict) -> str:
-    runs = [r for r in report["runs"] if r["mode"] in ("ar", "sd", "sd-colocated", "psd")]
-    out = []
-    for concurrency in sorted({r["concurrency"] for r in runs}):
-        rows = [r for r in runs if r["concurrency"] == concurrency]
-        best = {}
-        for r in rows:
-            if r["mode"] not in best or r["output_tokens_per_s"] > best[r["mode"]]["output_tokens_per_s"]:
-                best[r["mode"]] = r
-        top = max(rows, key=lambda r: r["output_tokens_per_s"])
-        out += [f"### Concurrency {concurrency}", "", HEADER]
-        out += [_row(r, r is top) for r in rows]
-        summary = ", ".join(f"{m} (k={b['k']}) {b['output_tokens_per_s']:.1f}" for m, b in best.items())
-        psd = best.get("psd")
-        gains = []
-        for other, label in (("sd", "the best sd"), ("sd-colocated", "co-located sd"), ("ar", "ar")):
-            if psd and other in best:
-                gains.append(f"{(psd['output_tokens_per_s'] / best[other]['output_tokens_per_s'] - 1) * 100:+.0f}% "
-                             f"over {label}")
-        out += ["", f"Best k of each mode: {summary} tok/s." + (f" **psd: {', '.join(gains)}.**" if gains else ""),
-                ""]
-    return "\n".join(out)
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_json", help="a bench.json written by `minedraft bench`")
+    parser.add_argument("--write", action="store_true",
+                        help="rewrite the marked regions of README.md and docs/benchmarks.md")
+    args = parser.parse_args()
+    report = json.loads(Path(args.bench_json).read_text())
+    print(markdown_tables(report))
+    if args.write:
+        for path, text in regenerate(report, ROOT).items():
+            changed = path.read_text() != text
+            if changed:
+                path.write_text(text)
+            print(f"{path.relative_to(ROOT)}: {'rewritten' if changed else 'already up to date'}")
 
 
 if __name__ == "__main__":
-    print(tables(json.loads(open(sys.argv[1]).read())))
+    main()

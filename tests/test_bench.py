@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
+from minedraft.bench.doc_regions import regenerate, replace_region
 from minedraft.bench.driver import RequestTiming
-from minedraft.bench.report import overlap_ceiling, percentile, request_metrics, step_metrics
+from minedraft.bench.report import (overlap_ceiling, percentile, psd_against_sd, request_metrics,
+                                    step_metrics)
+from minedraft.bench.table import markdown_table, terminal_table
 from minedraft.bench.workload import load_prompts
+from minedraft.metrics import AcceptanceStats
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_workload_formats(tmp_path):
@@ -32,8 +40,8 @@ def test_workload_formats(tmp_path):
 
 
 def test_request_metrics():
-    timings = [RequestTiming(0.0, 0.1, 1.0, 10, 4, 12, 6, [], (4, 4, 4), (3, 2, 1)),
-               RequestTiming(0.5, 0.2, 2.5, 5, 2, 6, 0, [], (2, 2, 2), (0, 0, 0))]
+    timings = [RequestTiming(0.0, 0.1, 1.0, 10, [], AcceptanceStats(4, 12, 6, [4, 4, 4], [3, 2, 1])),
+               RequestTiming(0.5, 0.2, 2.5, 5, [], AcceptanceStats(2, 6, 0, [2, 2, 2], [0, 0, 0]))]
     m = request_metrics(timings, wall_s=2.5)
     assert m["output_tokens_per_s"] == pytest.approx(15 / 2.5)
     assert m["latency_p50_s"] in (1.0, 2.0) and m["latency_p99_s"] == 2.0
@@ -42,6 +50,18 @@ def test_request_metrics():
     assert m["tpot_mean_s"] == pytest.approx(((1.0 - 0.1) / 9 + (2.0 - 0.2) / 4) / 2)
     assert m["acceptance_rate_per_position"] == pytest.approx([3 / 6, 2 / 6, 1 / 6])
     assert percentile([3, 1, 2], 50) == 2
+    assert timings[0].acceptance.num_steps == 4      # merging into the run's total leaves requests alone
+
+
+def test_plain_decoding_scores_one():
+    """ar records no steps at all (the gateway counts only steps that drafted); a step that
+    drafted nothing emits one token. Both read 1.0, as minedraft.metrics defines it."""
+    no_steps = [RequestTiming(0.0, 0.1, 1.0, 8, [], AcceptanceStats())]
+    undrafted = [RequestTiming(0.0, 0.1, 1.0, 8, [], AcceptanceStats(num_steps=8))]
+    for timings in (no_steps, undrafted):
+        m = request_metrics(timings, wall_s=1.0)
+        assert m["mean_acceptance_length"] == 1.0 and m["acceptance_rate"] == 0.0
+        assert m["acceptance_rate_per_position"] == []
 
 
 def test_step_metrics_and_ceiling():
@@ -61,6 +81,47 @@ def test_step_metrics_and_ceiling():
     assert s["data_plane_share"] == pytest.approx(0.001 / span)
     assert s["verifier_busy_share"] == pytest.approx(0.034 / span)
     assert s["steps"] == 2 and s["overlap_steps"] == 1
+
+
+def test_ceiling_at_concurrency_one_is_nan():
+    """At C = 1 psd holds one batch of 1: no half batch, so no ceiling; psd/sd still stands.
+    Step records carry every field, unset ones as 0, which must not read as batches of 0."""
+    steps = [{"start_s": 0.0, "wall_s": 0.006, "kind": "draft", "draft_busy_s": 0.005, "draft_batch": 1,
+              "verify_busy_s": 0.0, "verify_batch": 0},
+             {"start_s": 0.006, "wall_s": 0.011, "kind": "verify", "verify_busy_s": 0.010, "verify_batch": 1,
+              "draft_busy_s": 0.0, "draft_batch": 0}]
+    assert math.isnan(overlap_ceiling(steps, steps, 1)["ceiling"])
+    row = psd_against_sd({"output_tokens_per_s": 90.0}, steps, {"output_tokens_per_s": 100.0}, steps, 1)
+    assert row["psd_over_sd"] == pytest.approx(0.9)
+    assert math.isnan(row["of_ceiling"]) and math.isnan(row["overlap_efficiency"])
+
+
+def test_tables_share_their_columns():
+    psd = {"mode": "psd", "k": 4, "concurrency": 8, "output_tokens_per_s": 449.46, "requests_per_s": 7.0,
+           "latency_p50_s": 0.94, "latency_p99_s": 1.39, "ttft_p50_s": 0.16, "tpot_mean_s": 0.0129,
+           "mean_acceptance_length": 3.44, "gateway_share": 0.04, "data_plane_share": 0.011,
+           "ceiling": 1.13, "psd_over_sd": 1.13, "overlap_efficiency": float("nan"), "same_as_ar": True}
+    ar = {**psd, "mode": "ar", "k": 0, "output_tokens_per_s": 433.8}
+    for key in ("ceiling", "psd_over_sd", "overlap_efficiency"):
+        del ar[key]
+    table = markdown_table([ar, psd], top=psd)
+    assert table[3] == ("| psd | 4 | **449.5** | 0.94 | 1.39 | 0.16 | 12.9 | 3.44 | 4.0 | 1.1 | 1.13 | "
+                        "1.13 | nan |")
+    assert table[2].endswith("| 4.0 | 1.1 |  |  |  |")        # ar: no ceiling to show
+    printed = terminal_table([ar, psd], 8).splitlines()
+    assert printed[-1].split() == ["psd", "4", "449.5", "7.00", "0.94", "1.39", "0.16", "12.9", "3.44", "4.0",
+                                   "1.1", "1.13", "1.13", "nan", "yes"]
+    assert "psd as 2 x 4" in printed[1] and "one batch of 1" in terminal_table([], 1)
+
+
+def test_docs_quote_the_committed_run():
+    """README.md's summary and docs/benchmarks.md's tables are what the committed bench.json
+    gives: regenerating them changes nothing (scripts/bench_table.py ... --write)."""
+    report = json.loads((ROOT / "docs" / "results" / "bench" / "bench.json").read_text())
+    for path, text in regenerate(report, ROOT).items():
+        assert text == path.read_text(), f"{path.name} is stale: run scripts/bench_table.py --write"
+    with pytest.raises(ValueError, match="region"):
+        replace_region("no markers here", "bench-tables", "")
 
 
 def test_bench_cli_tiny_run(tmp_path):

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from minedraft.client import AsyncClient
+from minedraft.client import AcceptanceSummary, AsyncClient
+from minedraft.metrics import AcceptanceStats
 
 
 @dataclass
@@ -23,12 +24,17 @@ class RequestTiming:
     ttft_s: float
     end_s: float
     output_tokens: int
-    num_steps: int
-    num_drafted: int
-    num_accepted: int
     token_ids: list[int]
-    drafted_at: tuple[int, ...] = ()
-    accepted_at: tuple[int, ...] = ()
+    # Kept as the one definition's counts, so a run's figures come from merging them.
+    acceptance: AcceptanceStats
+
+
+def _acceptance(summary: AcceptanceSummary | None) -> AcceptanceStats:
+    """The counts the gateway sent with the last chunk; empty when no chunk carried any."""
+    if summary is None:
+        return AcceptanceStats()
+    return AcceptanceStats(summary.num_steps, summary.num_drafted, summary.num_accepted,
+                           list(summary.drafted_at), list(summary.accepted_at))
 
 
 async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bool, t0: float) -> RequestTiming:
@@ -42,10 +48,8 @@ async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bo
         tokens.extend(chunk.token_ids)
         stats = chunk.stats or stats
     end = time.perf_counter()
-    return RequestTiming(start - t0, (first or end) - start, end - t0, len(tokens),
-                         stats.num_steps if stats else 0, stats.num_drafted if stats else 0,
-                         stats.num_accepted if stats else 0, tokens,
-                         stats.drafted_at if stats else (), stats.accepted_at if stats else ())
+    return RequestTiming(start - t0, (first or end) - start, end - t0, len(tokens), tokens,
+                         _acceptance(stats))
 
 
 async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool,

@@ -3,6 +3,8 @@ and the in-process measurement of our own runner beside them."""
 
 from __future__ import annotations
 
+import argparse
+import os
 import time
 
 
@@ -44,3 +46,18 @@ def transformers_generate(tokenizer, model, prompts: list[str], new_tokens: int,
             out = model.generate(**enc, **kwargs)
         produced += (out.shape[1] - enc["input_ids"].shape[1]) * out.shape[0]
     return produced / (time.perf_counter() - start)
+
+
+def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) -> list[dict]:
+    """transformers in this process on all cores: batched generate at batch C, and assisted
+    generation (speculative, batch 1 only) on the same prompts and output length."""
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    tokenizer, model, assistant = load_peer(args.target, args.draft)
+    rows = []
+    for mode, batch, helper in [("hf-generate", concurrency, None), ("hf-assisted", 1, assistant)]:
+        tps = transformers_generate(tokenizer, model, prompts, args.max_tokens, batch, helper)
+        rows.append({"mode": mode, "k": 0, "concurrency": concurrency if helper is None else 1,
+                     "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True})
+    return rows

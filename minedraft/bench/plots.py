@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from minedraft.constants import BENCH_MODES
+
 
 def _pyplot():
     import matplotlib
@@ -16,7 +18,7 @@ def _pyplot():
 
 def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
     plt = _pyplot()
-    rows = [r for r in rows if not r["mode"].startswith("hf-") and r["mode"] != "psd-2xC"]
+    rows = [r for r in rows if r["mode"] in BENCH_MODES]     # equal concurrency only
     written = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
         fig, (ax_tps, ax_p99) = plt.subplots(1, 2, figsize=(10, 4))
@@ -43,7 +45,7 @@ def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
 
 def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
     plt = _pyplot()
-    rows = [r for r in rows if not r["mode"].startswith("hf-") and r["mode"] != "psd-2xC"]
+    rows = [r for r in rows if r["mode"] in BENCH_MODES]     # equal concurrency only
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode in sorted({r["mode"] for r in rows}):
         best = {}

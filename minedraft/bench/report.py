@@ -1,10 +1,14 @@
-"""Numbers of one benchmark run, from client timings and the gateway's step records."""
+"""Numbers of one benchmark run, from client timings and the gateway's step records, and the
+figures derived from comparing runs (psd against sd, the overlap ceiling)."""
 
 from __future__ import annotations
 
 import statistics
 
 from minedraft.bench.driver import RequestTiming
+from minedraft.metrics import AcceptanceStats
+
+MIN_CEILING_GAIN = 0.05   # overlap efficiency is reported where the ceiling is above 1.05
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -15,17 +19,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
+def acceptance(timings: list[RequestTiming]) -> AcceptanceStats:
+    """Every request's counts merged, so the run's figures follow minedraft.metrics' definition."""
+    total = AcceptanceStats()
+    for timing in timings:
+        total.merge(timing.acceptance)
+    return total
+
+
 def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
     latency = [t.end_s - t.start_s for t in timings]
     ttft = [t.ttft_s for t in timings]
     tpot = [(t.end_s - t.start_s - t.ttft_s) / (t.output_tokens - 1) for t in timings if t.output_tokens > 1]
-    steps = sum(t.num_steps for t in timings)
-    drafted = sum(t.num_drafted for t in timings)
-    accepted = sum(t.num_accepted for t in timings)
     tokens = sum(t.output_tokens for t in timings)
-    positions = max((len(t.drafted_at) for t in timings), default=0)
-    drafted_at = [sum(t.drafted_at[j] for t in timings if j < len(t.drafted_at)) for j in range(positions)]
-    accepted_at = [sum(t.accepted_at[j] for t in timings if j < len(t.accepted_at)) for j in range(positions)]
+    stats = acceptance(timings)
     return {
         "requests": len(timings), "output_tokens": tokens, "wall_s": wall_s,
         "output_tokens_per_s": tokens / wall_s, "requests_per_s": len(timings) / wall_s,
@@ -33,10 +40,11 @@ def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
         "latency_p99_s": percentile(latency, 99),
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "tpot_mean_s": statistics.mean(tpot) if tpot else float("nan"),
-        # Defined once (minedraft.metrics): bonus token included; plain decoding scores 1.0.
-        "mean_acceptance_length": (accepted + steps) / steps if drafted and steps else 1.0,
-        "acceptance_rate": accepted / drafted if drafted else 0.0,
-        "acceptance_rate_per_position": [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)],
+        # The gateway records only steps that drafted, so plain decoding arrives with no
+        # steps, where AcceptanceStats answers 0.0; it emitted one token a step: 1.0.
+        "mean_acceptance_length": stats.mean_acceptance_length if stats.num_steps else 1.0,
+        "acceptance_rate": stats.acceptance_rate,
+        "acceptance_rate_per_position": stats.acceptance_rate_per_position,
     }
 
 
@@ -111,8 +119,26 @@ def busy_at(steps: list[dict], batch: int) -> tuple[float, float]:
 
 
 def overlap_ceiling(sd_steps: list[dict], psd_steps: list[dict], concurrency: int) -> dict:
-    """[t(C) + V(C)] / [2 max(t(C/2), V(C/2))]: psd's best gain over sd at equal concurrency."""
+    """[t(C) + V(C)] / [2 max(t(C/2), V(C/2))]: psd's best gain over sd at equal concurrency.
+
+    nan where psd has no half batch to time: at C = 1 it holds one batch of one request, and
+    records with no batch count (unset fields read 0) must not pass for steps of size 0."""
+    nan = float("nan")
     t_full, v_full = busy_at(sd_steps, concurrency)
-    t_half, v_half = busy_at(psd_steps, concurrency // 2)
+    t_half, v_half = busy_at(psd_steps, concurrency // 2) if concurrency >= 2 else (nan, nan)
+    half_step = max(t_half, v_half)
     return {"t_full_ms": t_full * 1e3, "v_full_ms": v_full * 1e3, "t_half_ms": t_half * 1e3,
-            "v_half_ms": v_half * 1e3, "ceiling": (t_full + v_full) / (2 * max(t_half, v_half))}
+            "v_half_ms": v_half * 1e3,
+            "ceiling": (t_full + v_full) / (2 * half_step) if half_step > 0 else nan}
+
+
+def psd_against_sd(psd_row: dict, psd_steps: list[dict], sd_row: dict, sd_steps: list[dict],
+                   concurrency: int) -> dict:
+    """psd's measured gain over sd at the same k beside the gain the overlap ceiling allows."""
+    figures = overlap_ceiling(sd_steps, psd_steps, concurrency)
+    ceiling = figures["ceiling"]
+    psd_over_sd = psd_row["output_tokens_per_s"] / sd_row["output_tokens_per_s"]
+    return {**figures, "psd_over_sd": psd_over_sd, "of_ceiling": psd_over_sd / ceiling if ceiling > 0 else float("nan"),
+            # A gain over a gain: meaningless when the ceiling promises (almost) none.
+            "overlap_efficiency": ((psd_over_sd - 1) / (ceiling - 1)
+                                   if ceiling > 1 + MIN_CEILING_GAIN else float("nan"))}
