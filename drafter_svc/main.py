@@ -14,9 +14,8 @@ import asyncio
 import logging
 import uuid
 
-import grpc
 
-from drafter_svc.membership import Pairing, keep_paired, keep_registered, leave, register
+from drafter_svc.membership import Pairing, PoolAdmin, keep_paired
 from drafter_svc.servicer import DrafterServicer
 from minedraft import bundled
 from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
@@ -24,6 +23,8 @@ from minedraft.service.flags import add_runner_args, runner_config
 from minedraft.service.network import advertised_host
 from minedraft.service.placement import place_process, resolve_device
 from minedraft.service.runtime import run
+from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
+                                        add_server_args)
 from minedraft.service.server import MESSAGE_SIZE_OPTIONS, start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
@@ -44,14 +45,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-lock-dir", default="/tmp/minedraft-gpu-locks",
                         help="with --device cuda:auto, where replicas on one host claim their GPU")
     parser.add_argument("--connect-timeout", type=float, default=300.0)
-    return parser.parse_args(argv)
+    add_server_args(parser, public=False)
+    add_dial_args(parser, internal=True)
+    args = parser.parse_args(argv)
+    try:
+        args.serving = ServerSecurity.from_args(args, internal=True)
+        args.dial = DialSecurity.from_args(args, internal=True)
+    except SecurityError as err:
+        parser.error(str(err))
+    return args
 
 
-def _inband_put(verifier_address: str, drafter_id: str):
+def _inband_put(verifier_address: str, drafter_id: str, dial: DialSecurity):
     """A blocking PutDrafts call, made from the drafter's send thread."""
     from minedraft.data_plane import encode_payload
 
-    channel = grpc.insecure_channel(verifier_address, options=MESSAGE_SIZE_OPTIONS)
+    channel = dial.channel(verifier_address, options=MESSAGE_SIZE_OPTIONS)
     stub = engine_pb2_grpc.VerifierStub(channel)
 
     def put(payload) -> None:
@@ -60,13 +69,13 @@ def _inband_put(verifier_address: str, drafter_id: str):
     return put
 
 
-def _sender_factory(verifier_address: str, drafter_id: str, device: str):
+def _sender_factory(verifier_address: str, drafter_id: str, device: str, dial: DialSecurity):
     """ConnectDrafterResponse -> the DraftSender for that pairing (blocking: joins the group)."""
     from minedraft.data_plane import DistributedDraftSender, InBandDraftSender
 
     def open_sender(pairing: engine_pb2.ConnectDrafterResponse):
         if pairing.data_plane == "inband":
-            return InBandDraftSender(_inband_put(verifier_address, drafter_id))
+            return InBandDraftSender(_inband_put(verifier_address, drafter_id, dial))
         host, _, port = pairing.address.rpartition(":")
         return DistributedDraftSender(host, int(port), backend=pairing.data_plane, device=device)
 
@@ -83,22 +92,24 @@ async def serve(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     drafter = await loop.run_in_executor(None, lambda: Drafter(ModelRunner(config)))
     drafter_id = uuid.uuid4().hex
-    await wait_healthy(args.verifier, args.connect_timeout)
-    verifier_channel = grpc.aio.insecure_channel(args.verifier)
+    await wait_healthy(args.verifier, args.connect_timeout, args.dial)
+    verifier_channel = args.dial.aio_channel(args.verifier)
     pairing = Pairing(engine_pb2_grpc.VerifierStub(verifier_channel), drafter_id,
-                      _sender_factory(args.verifier, drafter_id, device))
+                      _sender_factory(args.verifier, drafter_id, device, args.dial))
     sender = await pairing.connect()
     servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
     served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                args.host, args.port, ["minedraft.v1.Drafter"], args.port_file)
+                                args.host, args.port, ["minedraft.v1.Drafter"], args.port_file,
+                                credentials=args.serving.credentials(), interceptors=args.serving.interceptors())
     address = f"{advertised_host(args.host, args.advertise_host)}:{served.port}"
     logger.info("drafter %s serving %s on %s (%s, data plane %s)", drafter_id[:8], args.model, address,
                 device, pairing.data_plane)
     tasks = [asyncio.ensure_future(keep_paired(pairing, servicer))]
-    if args.register_with:
-        await wait_healthy(args.register_with, args.connect_timeout)
-        await register(args.register_with, address)
-        tasks.append(asyncio.ensure_future(keep_registered(args.register_with, address)))
+    admin = PoolAdmin(args.register_with, args.dial) if args.register_with else None
+    if admin is not None:
+        await wait_healthy(args.register_with, args.connect_timeout, args.dial)
+        await admin.register(address)
+        tasks.append(asyncio.ensure_future(admin.keep_registered(address)))
     try:
         done, _ = await asyncio.wait([*tasks, asyncio.ensure_future(served.server.wait_for_termination())],
                                      return_when=asyncio.FIRST_COMPLETED)
@@ -108,8 +119,9 @@ async def serve(args: argparse.Namespace) -> None:
     finally:
         for task in tasks:
             task.cancel()
-        if args.register_with:
-            await leave(args.register_with, address)
+        if admin is not None:
+            await admin.leave(address)
+            await admin.close()
         await served.server.stop(grace=1.0)
         await pairing.disconnect()
         servicer.sender.close()

@@ -21,6 +21,7 @@ import grpc
 
 from drafter_svc.servicer import DrafterServicer
 from minedraft.data_plane import DraftSender
+from minedraft.service.security import DialSecurity
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
@@ -82,47 +83,48 @@ async def keep_paired(pairing: Pairing, servicer: DrafterServicer) -> None:
         logger.warning("%s: paired again with verifier %s", why, pairing.instance_id[:8])
 
 
-async def _pool_call(admin: str, method: str, address: str, timeout_s: float = CALL_TIMEOUT_S):
-    async with grpc.aio.insecure_channel(admin) as channel:
-        stub = generation_pb2_grpc.DrafterPoolStub(channel)
-        request = (generation_pb2.ListDraftersRequest() if method == "List"
-                   else generation_pb2.DrafterEndpoint(address=address))
-        return await getattr(stub, method)(request, timeout=timeout_s)
+class PoolAdmin:
+    """This drafter's membership of one gateway's pool, through its admin API."""
 
+    def __init__(self, admin: str, dial: DialSecurity) -> None:
+        self.admin = admin
+        self.channel = dial.aio_channel(admin)
+        self.stub = generation_pb2_grpc.DrafterPoolStub(self.channel)
 
-async def register(admin: str, address: str, attempts: int = 0) -> None:
-    """Join the pool, retrying with exponential backoff (attempts 0: until it works)."""
-    delay, attempt = 0.2, 0
-    while True:
-        attempt += 1
+    async def register(self, address: str, attempts: int = 0) -> None:
+        """Join the pool, retrying with exponential backoff (attempts 0: until it works)."""
+        delay, attempt = 0.2, 0
+        while True:
+            attempt += 1
+            try:
+                await self.stub.Register(generation_pb2.DrafterEndpoint(address=address), timeout=CALL_TIMEOUT_S)
+                logger.info("joined the drafter pool at %s", self.admin)
+                return
+            except grpc.aio.AioRpcError as err:
+                if attempts and attempt >= attempts:
+                    raise
+                logger.warning("could not join the drafter pool at %s (%s: %s); retrying in %.1f s",
+                               self.admin, err.code().name, err.details(), delay)
+            await asyncio.sleep(delay * (1 + random.random() / 4))
+            delay = min(delay * 2, 10.0)
+
+    async def keep_registered(self, address: str) -> None:
+        """Rejoin whenever the pool no longer lists this drafter."""
+        while True:
+            await asyncio.sleep(CHECK_INTERVAL_S)
+            try:
+                status = await self.stub.List(generation_pb2.ListDraftersRequest(), timeout=CALL_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                continue                    # the gateway is away: ask again later
+            if not any(d.address == address for d in status.drafters):
+                logger.warning("no longer in the drafter pool at %s: joining again", self.admin)
+                await self.register(address)
+
+    async def leave(self, address: str) -> None:
         try:
-            await _pool_call(admin, "Register", address)
-            logger.info("joined the drafter pool at %s", admin)
-            return
+            await self.stub.Deregister(generation_pb2.DrafterEndpoint(address=address), timeout=5.0)
         except grpc.aio.AioRpcError as err:
-            if attempts and attempt >= attempts:
-                raise
-            logger.warning("could not join the drafter pool at %s (%s: %s); retrying in %.1f s",
-                           admin, err.code().name, err.details(), delay)
-        await asyncio.sleep(delay * (1 + random.random() / 4))
-        delay = min(delay * 2, 10.0)
+            logger.warning("could not leave the drafter pool: %s", err.details())
 
-
-async def keep_registered(admin: str, address: str) -> None:
-    """Rejoin whenever the pool no longer lists this drafter."""
-    while True:
-        await asyncio.sleep(CHECK_INTERVAL_S)
-        try:
-            status = await _pool_call(admin, "List", address)
-        except grpc.aio.AioRpcError:
-            continue                        # the gateway is away: ask again later
-        if not any(d.address == address for d in status.drafters):
-            logger.warning("no longer in the drafter pool at %s: joining again", admin)
-            await register(admin, address)
-
-
-async def leave(admin: str, address: str) -> None:
-    try:
-        await _pool_call(admin, "Deregister", address, timeout_s=5.0)
-    except grpc.aio.AioRpcError as err:
-        logger.warning("could not leave the drafter pool: %s", err.details())
+    async def close(self) -> None:
+        await self.channel.close()

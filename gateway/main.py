@@ -12,7 +12,6 @@ import asyncio
 import dataclasses
 import logging
 
-import grpc
 
 from gateway.admin import DrafterPoolServicer
 from gateway.batch_manager import BatchManager, BatchManagerConfig
@@ -22,6 +21,8 @@ from gateway.servicer import GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
 from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
 from minedraft.service.runtime import run
+from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
+                                        add_server_args, check_bind)
 from minedraft.service.server import start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 
@@ -56,7 +57,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default: the verifier's model directory)")
     parser.add_argument("--connect-timeout", type=float, default=300.0)
     parser.add_argument("--log-level", default="INFO")
+    add_server_args(parser, public=True)
+    add_dial_args(parser, internal=True)
     args = parser.parse_args(argv)
+    try:
+        args.public = ServerSecurity.from_args(args)
+        args.dial = DialSecurity.from_args(args, internal=True)
+        check_bind(args.host, args.public, args.insecure)
+    except SecurityError as err:
+        parser.error(str(err))
     try:
         args.config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
                                          max_batch=args.max_batch, kv_blocks=1, block_size=1,
@@ -67,8 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    await wait_healthy(args.verifier, args.connect_timeout)
-    verifier_channel = grpc.aio.insecure_channel(args.verifier)
+    await wait_healthy(args.verifier, args.connect_timeout, args.dial)
+    verifier_channel = args.dial.aio_channel(args.verifier)
     verifier = engine_pb2_grpc.VerifierStub(verifier_channel)
     target_info = await verifier.GetInfo(engine_pb2.EngineInfoRequest(), timeout=args.connect_timeout)
     config = dataclasses.replace(args.config, kv_blocks=target_info.num_blocks, block_size=target_info.block_size)
@@ -76,7 +85,7 @@ async def serve(args: argparse.Namespace) -> None:
         raise SystemExit(f"--k {config.k}: a draft must fit in the model's context ({target_info.max_model_len})")
     pool = None
     if args.mode != "ar":
-        pool = DrafterPool(target_info, args.connect_timeout)
+        pool = DrafterPool(target_info, args.dial, args.connect_timeout)
         for address in args.drafter:
             try:
                 await pool.add(address)
@@ -94,11 +103,16 @@ async def serve(args: argparse.Namespace) -> None:
                                   tuple(target_info.eos_token_ids), target_info.max_model_len, info)
     served = await start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
                                 args.host, args.port, ["minedraft.v1.Generation"], args.port_file,
+                                credentials=args.public.credentials(), interceptors=args.public.interceptors(),
                                 max_receive_bytes=MAX_REQUEST_BYTES)
+    # The admin API takes the public API's keys (operators) and the internal token (drafters
+    # registering themselves), over the public API's TLS.
+    admin_security = dataclasses.replace(args.public, tokens=args.public.tokens + tuple(filter(None, [args.dial.token])))
     admin = await start_server(
         lambda s: generation_pb2_grpc.add_DrafterPoolServicer_to_server(DrafterPoolServicer(manager), s),
         args.admin_host, args.admin_port, ["minedraft.v1.DrafterPool"],
-        f"{args.port_file}.admin" if args.port_file else "")
+        f"{args.port_file}.admin" if args.port_file else "",
+        credentials=admin_security.credentials(), interceptors=admin_security.interceptors())
     logger.info("gateway serving on %s:%d, pool admin on %s:%d (mode %s, k %d, m %d)", args.host, served.port,
                 args.admin_host, admin.port, args.mode, config.k, args.max_batch)
     watch = VerifierWatch(manager, verifier_channel, served, target_info.instance_id)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from minedraft.service.security import DialSecurity, proves_membership
 from minedraft.service.server import wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
@@ -61,8 +62,10 @@ class DrafterUnreachable(PoolError):
 
 
 class DrafterPool:
-    def __init__(self, target: engine_pb2.EngineInfo, connect_timeout_s: float = 30.0) -> None:
+    def __init__(self, target: engine_pb2.EngineInfo, dial: DialSecurity | None = None,
+                 connect_timeout_s: float = 30.0) -> None:
         self.target = target
+        self.dial = dial or DialSecurity()
         self.connect_timeout_s = connect_timeout_s
         self.drafters: dict[str, DrafterHandle] = {}       # by address
 
@@ -77,13 +80,16 @@ class DrafterPool:
         if address in self.drafters:
             return self.drafters[address]
         try:
-            await wait_healthy(address, timeout_s)
+            await wait_healthy(address, timeout_s, self.dial)
         except TimeoutError as err:
             logger.info("drafter %s did not become healthy: %s", address, err)
             raise DrafterUnreachable(address) from None
-        channel = grpc.aio.insecure_channel(address)
+        channel = self.dial.aio_channel(address)
         stub = engine_pb2_grpc.DrafterStub(channel)
         try:
+            # With an internal token, the drafter proves it knows it before it is sent it.
+            if self.dial.token and not await proves_membership(channel, self.dial.token, timeout_s):
+                raise DrafterUnreachable(address)
             info = await stub.GetInfo(engine_pb2.EngineInfoRequest(), timeout=timeout_s)
             if not info.drafter_id:
                 raise DrafterUnreachable(address)

@@ -7,9 +7,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from minedraft.constants import DATA_PLANES, DEFAULT_GATEWAY, DTYPES, MODES
+from minedraft.service.security import DialSecurity, SecurityError, add_dial_args
 
 if TYPE_CHECKING:
-    from minedraft.client import DrafterInfo
+    from minedraft.client import Client, DrafterInfo
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -25,17 +26,27 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_forever(config)
 
 
+def _client(args: argparse.Namespace) -> Client:
+    """A client for --server with add_dial_args' TLS flags and API key (file or environment)."""
+    from minedraft.client import Client
+
+    dial = DialSecurity.from_args(args)
+    return Client(args.server, timeout=args.timeout, tls_ca=dial.ca_file,
+                  tls_client_cert=dial.client_cert_file, tls_client_key=dial.client_key_file,
+                  api_key=dial.token)
+
+
 def _generate(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from minedraft.client import Client, MineDraftError, SamplingOptions
+    from minedraft.client import MineDraftError, SamplingOptions
 
     options = SamplingOptions(max_tokens=args.max_tokens, temperature=args.temperature,
                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
                               ignore_eos=args.ignore_eos)
     try:
-        with Client(args.server, timeout=args.timeout) as client:
+        with _client(args) as client:
             if not args.stream:
                 result = dataclasses.asdict(client.generate(args.prompt, options))
             else:
@@ -54,6 +65,9 @@ def _generate(args: argparse.Namespace) -> int:
     except MineDraftError as error:
         print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
         return 1
+    except SecurityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(result))
     elif args.stream:
@@ -85,10 +99,10 @@ def _drafters(args: argparse.Namespace) -> int:
     import dataclasses
     import json
 
-    from minedraft.client import Client, MineDraftError
+    from minedraft.client import MineDraftError
 
     try:
-        with Client(args.server, timeout=args.timeout) as client:
+        with _client(args) as client:
             if args.action == "add":
                 drafters = client.register_drafter(args.address)
             elif args.action == "remove":
@@ -98,6 +112,9 @@ def _drafters(args: argparse.Namespace) -> int:
     except MineDraftError as error:
         print(f"error: {error.code.name}: {error.message}", file=sys.stderr)
         return 1
+    except SecurityError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({"drafters": [dataclasses.asdict(d) for d in drafters]}))
         return 0
@@ -113,6 +130,7 @@ def _add_drafters_parser(sub: argparse._SubParsersAction) -> None:
     common.add_argument("--server", default=DEFAULT_GATEWAY, help="gateway address, HOST:PORT")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds")
     common.add_argument("--json", action="store_true", help="print the pool as one JSON object")
+    add_dial_args(common, internal=False)
     drafters = sub.add_parser("drafters", help="list, add or remove drafters in a gateway's pool")
     actions = drafters.add_subparsers(dest="action", required=True)
     actions.add_parser("list", parents=[common], help="show the pool")
@@ -168,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--timeout", type=float, default=60.0, help="seconds")
     gen.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     gen.add_argument("--stream", action="store_true", help="stream the completion as it is generated")
+    add_dial_args(gen, internal=False)
     gen.set_defaults(func=_generate)
     _add_drafters_parser(sub)
     args = parser.parse_args(argv)

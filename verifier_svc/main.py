@@ -25,6 +25,7 @@ from minedraft.service.flags import add_runner_args, runner_config
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
 from minedraft.service.runtime import configure_logging, run
+from minedraft.service.security import INTERNAL_TOKEN_ENV, SecurityError, ServerSecurity, add_server_args
 from minedraft.service.server import start_server
 
 logger = logging.getLogger("minedraft.verifier")
@@ -49,7 +50,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "or a free local port when this process starts the ranks)")
     parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
+    add_server_args(parser, public=False)
+    parser.add_argument("--internal-token-file", default="", metavar="FILE",
+                        help=f"the deployment's shared secret (default: ${INTERNAL_TOKEN_ENV}); "
+                             "callers must present it")
     args = parser.parse_args(argv)
+    try:
+        args.serving = ServerSecurity.from_args(args, internal=True)
+    except SecurityError as err:
+        parser.error(str(err))
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
@@ -129,7 +138,8 @@ async def serve(args: argparse.Namespace) -> None:
                              device=executor.device)
     servicer = VerifierServicer(executor, pairings, args.model)
     served = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                      args.host, args.port, ["minedraft.v1.Verifier"], args.port_file)
+                                args.host, args.port, ["minedraft.v1.Verifier"], args.port_file,
+                                credentials=args.serving.credentials(), interceptors=args.serving.interceptors())
     logger.info("verifier serving %s on %s:%d (tp %d, data plane %s)", args.model, args.host, served.port,
                 args.tp, args.data_plane)
     try:

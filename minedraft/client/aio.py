@@ -15,6 +15,7 @@ from minedraft.client.errors import RequestCancelled, error_from_rpc
 from minedraft.client.types import (CLIENT_TIMEOUT, DrafterInfo, GenerationResult, Prompt,
                                     SamplingOptions, StreamChunk, Timeout, build_request,
                                     drafters_from_proto, message_to_dict)
+from minedraft.service.security import DialSecurity
 from minedraft.v1 import generation_pb2
 
 
@@ -61,7 +62,7 @@ class AsyncChunkStream:
 class AsyncClient(ClientBase):
     """asyncio client; create and use it inside one running event loop."""
 
-    _open_channel = staticmethod(grpc.aio.insecure_channel)
+    _open_channel = staticmethod(DialSecurity.aio_channel)
 
     async def _unary(self, method: Callable[..., Any], request: Message, timeout: Timeout) -> Any:
         """One unary call, its failure raised as the matching MineDraftError."""

@@ -26,6 +26,10 @@ class ServerUnavailable(MineDraftError):
     """The server could not be reached or is shutting down; retrying later may succeed."""
 
 
+class Unauthenticated(MineDraftError):
+    """The server wants credentials: an API key (api_key=) or a client certificate it accepts."""
+
+
 class RequestTimeout(MineDraftError):
     """The deadline passed before the request finished."""
 
@@ -44,6 +48,8 @@ _ERROR_TYPES: dict[grpc.StatusCode, type[MineDraftError]] = {
     grpc.StatusCode.FAILED_PRECONDITION: InvalidRequest,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.UNAVAILABLE: ServerUnavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: Unauthenticated,
     grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimeout,
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
     grpc.StatusCode.CANCELLED: RequestCancelled,

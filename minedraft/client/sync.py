@@ -13,6 +13,7 @@ from minedraft.client.errors import error_from_rpc
 from minedraft.client.types import (CLIENT_TIMEOUT, DrafterInfo, GenerationResult, Prompt,
                                     SamplingOptions, StreamChunk, Timeout, build_request,
                                     drafters_from_proto, message_to_dict)
+from minedraft.service.security import DialSecurity
 from minedraft.v1 import generation_pb2
 
 
@@ -55,7 +56,7 @@ class ChunkStream:
 class Client(ClientBase):
     """Blocking client; one channel, safe to share between threads."""
 
-    _open_channel = staticmethod(grpc.insecure_channel)
+    _open_channel = staticmethod(DialSecurity.channel)
 
     def _unary(self, method: Callable[..., Any], request: Message, timeout: Timeout) -> Any:
         """One unary call, its failure raised as the matching MineDraftError."""

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from minedraft.launcher.config import ServeConfig
+from minedraft.service.security import INTERNAL_TOKEN_ENV, DialSecurity, read_token
 from minedraft.service.server import wait_healthy
 
 
@@ -114,12 +115,12 @@ class Cluster:
         return int(path.read_text())
 
     async def _wait_listed(self, address: str) -> None:
-        import grpc
-
         from minedraft.v1 import generation_pb2, generation_pb2_grpc
 
         deadline = time.monotonic() + self.config.startup_timeout_s
-        async with grpc.aio.insecure_channel(self.admin_address) as channel:
+        # The admin API takes the deployment's internal token (inherited by the services too).
+        dial = DialSecurity(token=read_token("", INTERNAL_TOKEN_ENV, "--internal-token-file"))
+        async with dial.aio_channel(self.admin_address) as channel:
             stub = generation_pb2_grpc.DrafterPoolStub(channel)
             while time.monotonic() < deadline:
                 status = await stub.List(generation_pb2.ListDraftersRequest())

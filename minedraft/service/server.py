@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.constants import MAX_MESSAGE_BYTES
+from minedraft.service.security import DialSecurity
 
 MESSAGE_SIZE_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
@@ -131,11 +132,11 @@ async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: s
     return served
 
 
-async def wait_healthy(address: str, timeout_s: float) -> None:
-    """Poll a service's health endpoint until it reports SERVING."""
+async def wait_healthy(address: str, timeout_s: float, dial: DialSecurity | None = None) -> None:
+    """Poll a service's health endpoint until it reports SERVING (over TLS with `dial`'s)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with (dial or DialSecurity()).aio_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while True:
             try:
