@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from minedraft.service.security import DialSecurity, proves_membership
+from minedraft.service.auth import proves_membership
+from minedraft.service.security import DialSecurity
 from minedraft.service.server import wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 

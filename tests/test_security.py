@@ -26,9 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minedraft.client import AsyncClient, Client, MineDraftError, ServerUnavailable, Unauthenticated
 from minedraft.service import security
+from minedraft.service.auth import proves_membership
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
-                                        add_server_args, check_bind, is_loopback, proves_membership,
-                                        read_token, read_tokens)
+                                        add_server_args, check_bind, is_loopback, read_token, read_tokens)
 from minedraft.service.server import start_server
 from minedraft.v1 import generation_pb2, generation_pb2_grpc
 
