@@ -50,7 +50,8 @@ class Cluster:
             self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port), "--admin-port", "0",
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
-                                    "--step-timeout", str(cfg.step_timeout_s), "--log-level", cfg.log_level])
+                                    "--step-timeout", str(cfg.step_timeout_s), "--max-waiting", str(cfg.max_waiting),
+                                    "--log-level", cfg.log_level])
             self.port = self._wait_port("gateway")
             self.admin_address = f"{cfg.host}:{self._wait_port('gateway.admin', process='gateway')}"
             asyncio.run(self._wait_ready(self.address))

@@ -31,6 +31,7 @@ class ServeConfig:
     num_blocks: int = 4096
     log_level: str = "WARNING"
     step_timeout_s: float = 30.0   # the least deadline of a gateway-to-service call
+    max_waiting: int = 1024        # requests queued beyond the batches before RESOURCE_EXHAUSTED
     startup_timeout_s: float = 300.0
     synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights
