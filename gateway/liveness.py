@@ -82,14 +82,21 @@ class VerifierWatch:
         logger.warning("the verifier is back (instance %s): serving again", self.instance_id[:8])
 
 
-async def supervise(manager: BatchManager, served: Served, watch: VerifierWatch) -> None:
+async def supervise(manager: BatchManager, served: Served, watch: VerifierWatch,
+                    drain_timeout_s: float = 30.0) -> None:
     """Run the Batch Manager and the verifier watch until the server stops; either ending
-    on its own is fatal (logged, NOT_SERVING, SystemExit(1))."""
+    on its own is fatal (logged, NOT_SERVING, SystemExit(1)). Cancelled (SIGTERM): stop
+    admitting, let the Batch Manager finish what is in flight, then stop."""
     tasks = {asyncio.ensure_future(manager.run()): "the Batch Manager",
              asyncio.ensure_future(watch.run()): "the verifier watch",
              asyncio.ensure_future(served.server.wait_for_termination()): "the server"}
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        logger.info("stopping: no new requests; draining those in flight (at most %.0f s)", drain_timeout_s)
+        await served.set_serving(False)
+        await manager.drain(drain_timeout_s)
+        raise
     finally:
         for task in tasks:
             task.cancel()

@@ -8,7 +8,6 @@ through the DrafterPool admin API (its own port, on loopback by default), which
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import logging
 
@@ -117,12 +116,7 @@ async def serve(args: argparse.Namespace) -> None:
                 args.admin_host, admin.port, args.mode, config.k, args.max_batch)
     watch = VerifierWatch(manager, verifier_channel, served, target_info.instance_id)
     try:
-        await supervise(manager, served, watch)
-    except asyncio.CancelledError:          # SIGTERM / SIGINT: drain, then stop
-        logger.info("stopping: no new requests; draining those in flight (at most %.0f s)", args.drain_timeout)
-        await served.set_serving(False)
-        await manager.drain(args.drain_timeout)
-        raise
+        await supervise(manager, served, watch, args.drain_timeout)
     finally:
         await admin.server.stop(grace=1.0)
         await served.server.stop(grace=1.0)

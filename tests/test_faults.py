@@ -1,0 +1,182 @@
+"""Faults for real: drafters stopped, killed and frozen, the verifier killed and restarted,
+the gateway stopped, both while requests stream and while the gateway is idle. After each,
+the server must serve correct greedy output again without anyone restarting it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from minedraft import bundled
+from minedraft.launcher import Cluster, ServeConfig
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+from reference import assert_matches_reference, greedy_reference
+
+MAX_TOKENS = 16
+PROMPTS = bundled.load_prompts(8)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return greedy_reference(PROMPTS, MAX_TOKENS)
+
+
+def _config(**overrides) -> ServeConfig:
+    return ServeConfig(**{"mode": "psd", "k": 4, "max_batch": 4, "port": 0, "drafters": 1,
+                          "step_timeout_s": 3.0, **overrides})
+
+
+def _stub(cluster: Cluster) -> generation_pb2_grpc.GenerationStub:
+    return generation_pb2_grpc.GenerationStub(grpc.insecure_channel(cluster.address))
+
+
+def _generate(stub, prompt: str) -> generation_pb2.GenerateResponse:
+    return stub.Generate(generation_pb2.GenerateRequest(prompt=prompt, sampling=generation_pb2.SamplingOptions(
+        max_tokens=MAX_TOKENS, ignore_eos=True)), timeout=120)
+
+
+def _generate_all(cluster: Cluster, during=None) -> list[generation_pb2.GenerateResponse]:
+    """All prompts at once; `during()` runs once they are streaming."""
+    stub = _stub(cluster)
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = [pool.submit(_generate, stub, p) for p in PROMPTS]
+        if during is not None:
+            time.sleep(0.3)
+            during()
+        return [f.result() for f in futures]
+
+
+def _check(reference, results, label: str) -> None:
+    llm, expected = reference
+    assert_matches_reference(llm, PROMPTS, expected, [list(r.token_ids) for r in results], label)
+
+
+def _pool(cluster: Cluster) -> list[str]:
+    admin = generation_pb2_grpc.DrafterPoolStub(grpc.insecure_channel(cluster.admin_address))
+    return [d.address for d in admin.List(generation_pb2.ListDraftersRequest(), timeout=10).drafters]
+
+
+def _wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _health(address: str) -> int:
+    try:
+        return health_pb2_grpc.HealthStub(grpc.insecure_channel(address)).Check(
+            health_pb2.HealthCheckRequest(), timeout=5).status
+    except grpc.RpcError:
+        return -1
+
+
+def _assert_idle(cluster: Cluster, drafters: list[str] | None = None) -> None:
+    """No request state and all KV free on the verifier and the drafters (default: the pool's)."""
+    services = [(cluster.verifier_address, engine_pb2_grpc.VerifierStub)]
+    services += [(a, engine_pb2_grpc.DrafterStub) for a in (_pool(cluster) if drafters is None else drafters)]
+
+    def idle() -> bool:
+        infos = [cls(grpc.insecure_channel(a)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
+                 for a, cls in services]
+        return all(i.num_requests == 0 and i.free_blocks == i.num_blocks for i in infos)
+
+    _wait_for(idle, 20, "every service to hold no request and free all KV")
+
+
+def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
+    """SIGTERM to a registered drafter (as compose scales down), alternately while the gateway
+    is idle and while it streams; the replica comes back each time."""
+    with Cluster(_config()) as cluster:
+        for round_ in range(20):
+            name = "drafter-0"
+            if round_ % 2:
+                results = _generate_all(cluster, during=lambda: cluster.kill(name, signal.SIGTERM))
+            else:
+                assert cluster.kill(name, signal.SIGTERM) == 0
+                results = _generate_all(cluster)
+            assert cluster.procs[name].returncode == 0
+            _check(reference, results, f"round {round_}")
+            cluster.add_drafter(name)
+        results = _generate_all(cluster)
+        assert sum(r.stats.num_drafted for r in results) > 0        # the last replica drafts
+        _assert_idle(cluster)
+        assert cluster.dead() == []
+
+
+def test_drafter_killed_under_load_rejoins_and_drafts_again(reference):
+    with Cluster(_config(drafters=2)) as cluster:
+        results = _generate_all(cluster, during=lambda: cluster.kill("drafter-1"))
+        _check(reference, results, "drafter SIGKILL")
+        _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the dead drafter to leave the pool")
+        _, address = cluster.add_drafter("drafter-1")
+        assert address in _pool(cluster)
+        results = _generate_all(cluster)
+        _check(reference, results, "after rejoin")
+        admin = generation_pb2_grpc.DrafterPoolStub(grpc.insecure_channel(cluster.admin_address))
+        status = {d.address: d for d in admin.List(generation_pb2.ListDraftersRequest(), timeout=10).drafters}
+        assert status[address].requests_assigned > 0
+        _assert_idle(cluster)
+
+
+def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference):
+    """SIGSTOP for longer than the call deadline: it is treated as gone (streams finish at
+    k = 0, nothing lost); after SIGCONT its late answers are ignored and it rejoins."""
+    with Cluster(_config()) as cluster:
+        start = time.monotonic()
+        results = _generate_all(cluster, during=lambda: cluster.send_signal("drafter-0", signal.SIGSTOP))
+        _check(reference, results, "drafter SIGSTOP")
+        assert time.monotonic() - start < 60
+        assert _pool(cluster) == []
+        cluster.send_signal("drafter-0", signal.SIGCONT)
+        _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the drafter to rejoin")
+        results = _generate_all(cluster)
+        _check(reference, results, "after SIGCONT")
+        assert sum(r.stats.num_drafted for r in results) > 0
+        _assert_idle(cluster)
+
+
+def test_verifier_killed_and_restarted(reference):
+    """In-flight requests fail with UNAVAILABLE, health turns NOT_SERVING, new requests are
+    refused; once the verifier is back the gateway serves again on its own, and the drafter
+    has paired with the new verifier (drafting > 0)."""
+    with Cluster(_config()) as cluster:
+        stub = _stub(cluster)
+        errors = []
+
+        def kill_verifier() -> None:
+            cluster.kill("verifier")
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            futures = [pool.submit(_generate, stub, p) for p in PROMPTS]
+            time.sleep(0.3)
+            kill_verifier()
+            for future in futures:
+                try:
+                    future.result()
+                except grpc.RpcError as err:
+                    errors.append(err.code())
+        assert errors and set(errors) == {grpc.StatusCode.UNAVAILABLE}
+        _wait_for(lambda: _health(cluster.address) == health_pb2.HealthCheckResponse.NOT_SERVING, 15,
+                  "health NOT_SERVING")
+        with pytest.raises(grpc.RpcError) as refused:
+            _generate(stub, PROMPTS[0])
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        cluster.restart_verifier()
+        _wait_for(lambda: _health(cluster.address) == health_pb2.HealthCheckResponse.SERVING, 30, "SERVING again")
+        _wait_for(lambda: sum(r.stats.num_drafted for r in _generate_all(cluster)) > 0, 30, "drafting again")
+        _check(reference, _generate_all(cluster), "after the verifier restart")
+        assert cluster.dead() == []
+
+
+def test_gateway_sigterm_drains_in_flight_requests(reference):
+    with Cluster(_config()) as cluster:
+        results = _generate_all(cluster, during=lambda: cluster.send_signal("gateway", signal.SIGTERM))
+        _check(reference, results, "drained")
+        assert cluster.procs["gateway"].wait(30) == 0
+        _assert_idle(cluster, cluster.drafter_addresses)
