@@ -282,7 +282,7 @@ class BatchManager:
             req, result = item.request, results.get(item.request.request_id)
             if result is not None:
                 self._apply(req, result.num_draft, list(result.token_ids))
-            elif req.cancelled and not req.done:    # cancelled before the verifier ever saw it
+            elif req.cancelled and not req.done:    # cancelled since it was drafted
                 self._retire(req, FinishReason.ABORT)
 
     def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:

@@ -77,6 +77,10 @@ class Deadlines:
         return max(self.floor_s, self.factor * max(recent)) if recent else self.floor_s
 
 
+def _verifiable(req: ActiveRequest) -> bool:
+    return req.live and req.known_to_verifier
+
+
 class EngineCalls:
     def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines) -> None:
         self.verifier = verifier
@@ -110,13 +114,14 @@ class EngineCalls:
                                                       req.seq.params, req.seq.seed))
                 req.known_to_verifier = True
         finished, self.free_on_verifier = self.free_on_verifier, []
-        # A request that ended before the verifier ever saw it is named only to drop its
-        # drafts (the verifier refuses unknown requests); the Batch Manager retires it.
+        # A request that ended since it was drafted (its free may reach the verifier first,
+        # with another batch's step) is named only to drop its drafts, and not at all when
+        # it has none: the verifier refuses unknown requests. The Batch Manager retires it.
         message = engine_pb2.VerifyStepRequest(
             step_id=step_id, new_requests=new_requests, finished=finished,
             items=[engine_pb2.VerifyItem(request_id=i.request.request_id, num_draft=i.num_draft, source=i.source,
-                                         drop=not i.request.known_to_verifier)
-                   for i in items if i.request.known_to_verifier or i.num_draft],
+                                         drop=not _verifiable(i.request))
+                   for i in items if _verifiable(i.request) or i.num_draft],
             sources=sources, after_step_id=after_step_id)
         start = time.perf_counter()
         response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
