@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from minedraft.constants import DATA_PLANES, DEFAULT_GATEWAY, DTYPES, MODES
+from minedraft.constants import DATA_PLANES, DEFAULT_ADMIN, DEFAULT_GATEWAY, DTYPES, MODES
 from minedraft.service.security import DialSecurity, SecurityError, add_dial_args
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ def _serve(args: argparse.Namespace) -> int:
         draft_device=args.draft_device, target_threads=args.target_threads,
         draft_threads=args.draft_threads, target_cpus=args.target_cpus, draft_cpus=args.draft_cpus,
         data_plane=args.data_plane, num_blocks=args.num_blocks, log_level=args.log_level,
-        tp=args.tp, drafters=args.drafters)
+        tp=args.tp, drafters=args.drafters, admin_port=args.admin_port, insecure=args.insecure)
     return serve_forever(config)
 
 
@@ -127,7 +127,8 @@ def _drafters(args: argparse.Namespace) -> int:
 
 def _add_drafters_parser(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--server", default=DEFAULT_GATEWAY, help="gateway address, HOST:PORT")
+    common.add_argument("--server", default=DEFAULT_ADMIN,
+                        help="the gateway's pool admin address, HOST:PORT (its --admin-port)")
     common.add_argument("--timeout", type=float, default=60.0, help="seconds")
     common.add_argument("--json", action="store_true", help="print the pool as one JSON object")
     add_dial_args(common, internal=False)
@@ -157,7 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--k", type=int, default=defaults.k, help="draft length")
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch, help="requests per batch (m)")
     serve.add_argument("--port", type=int, default=defaults.port, help="public gRPC port")
-    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address of every service's API")
+    serve.add_argument("--admin-port", type=int, default=defaults.admin_port,
+                       help="the drafter-pool admin API's port, on 127.0.0.1 only")
+    serve.add_argument("--insecure", action="store_true",
+                       help="serve a non-loopback --host with neither TLS nor API keys "
+                            "(set MINEDRAFT_API_KEYS to require keys instead)")
     serve.add_argument("--target", default=defaults.target, help="target model directory")
     serve.add_argument("--draft", default=defaults.draft, help="draft model directory")
     serve.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)

@@ -47,13 +47,15 @@ class Cluster:
         try:
             self._spawn_verifier(port=0)
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
-            self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port), "--admin-port", "0",
+            admin_port = cfg.admin_port if cfg.port else 0
+            self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
+                                    "--admin-port", str(admin_port), *(["--insecure"] if cfg.insecure else []),
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
                                     "--step-timeout", str(cfg.step_timeout_s), "--max-waiting", str(cfg.max_waiting),
                                     "--log-level", cfg.log_level])
             self.port = self._wait_port("gateway")
-            self.admin_address = f"{cfg.host}:{self._wait_port('gateway.admin', process='gateway')}"
+            self.admin_address = f"127.0.0.1:{self._wait_port('gateway.admin', process='gateway')}"
             asyncio.run(self._wait_ready(self.address))
             for _ in range(cfg.drafters if cfg.mode != "ar" else 0):
                 self.add_drafter()

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from minedraft import bundled
-from minedraft.constants import DATA_PLANES, GATEWAY_PORT, MODES
+from minedraft.constants import ADMIN_PORT, DATA_PLANES, GATEWAY_PORT, MODES
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,7 @@ class ServeConfig:
     k: int = 4
     max_batch: int = 8
     port: int = GATEWAY_PORT
+    admin_port: int = ADMIN_PORT   # the drafter-pool admin API, always on 127.0.0.1 (0 with port 0)
     host: str = "127.0.0.1"
     target: str = bundled.TARGET
     draft: str = bundled.DRAFT
@@ -32,6 +33,7 @@ class ServeConfig:
     log_level: str = "WARNING"
     step_timeout_s: float = 30.0   # the least deadline of a gateway-to-service call
     max_waiting: int = 1024        # requests queued beyond the batches before RESOURCE_EXHAUSTED
+    insecure: bool = False         # allow a non-loopback public API without TLS or API keys
     startup_timeout_s: float = 300.0
     synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights

@@ -21,7 +21,8 @@ def serve_forever(config: ServeConfig) -> int:
     cluster = Cluster(config)
     cluster.start()
     print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}, tp={config.tp}, "
-          f"drafters={config.drafters if config.mode != 'ar' else 0}) serving on {cluster.address}; "
+          f"drafters={config.drafters if config.mode != 'ar' else 0}) serving on {cluster.address} "
+          f"(pool admin on {cluster.admin_address}); "
           f"Ctrl-C stops all services", flush=True)
     try:
         reported: set[str] = set()
