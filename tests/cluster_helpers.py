@@ -1,38 +1,21 @@
-"""What the service tests share: requests, the reference check, KV accounting."""
+"""What the service tests share: stubs, requests sent side by side, KV accounting.
+
+The greedy reference they check outputs against is in `reference.py`, with the in-process tests'."""
 
 from __future__ import annotations
 
-import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 
-from minedraft import bundled
+from concurrency import run_concurrently
 from minedraft.launcher import Cluster
-from minedraft.llm import LLM
-from minedraft.sampling_params import SamplingParams
-from minedraft.v1 import (
-    engine_pb2,
-    engine_pb2_grpc,
-    generation_pb2,
-    generation_pb2_grpc,
-)
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
-TARGET = os.environ.get("MINEDRAFT_TEST_TARGET", bundled.TARGET)
-DRAFT = os.environ.get("MINEDRAFT_TEST_DRAFT", bundled.DRAFT)
 MAX_TOKENS = 24
-NEAR_TIE = 1e-5
 
 
-def greedy_reference(prompts: list[str], max_tokens: int) -> tuple[LLM, list[list[int]]]:
-    """The in-process target's plain greedy output: what every served mode must reproduce."""
-    llm = LLM(TARGET, dtype="float32")
-    outputs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True), mode="ar", max_batch=8)
-    return llm, [o.token_ids for o in outputs]
-
-
-def stub(cluster: Cluster):
+def stub(cluster: Cluster) -> generation_pb2_grpc.GenerationStub:
     return generation_pb2_grpc.GenerationStub(grpc.insecure_channel(cluster.address))
 
 
@@ -42,21 +25,11 @@ def request(prompt: str, **sampling) -> generation_pb2.GenerateRequest:
     return generation_pb2.GenerateRequest(prompt=prompt, sampling=generation_pb2.SamplingOptions(**sampling))
 
 
-def generate_all(cluster: Cluster, requests, concurrency: int = 8):
+def generate_all(cluster: Cluster, requests: list[generation_pb2.GenerateRequest],
+                 concurrency: int = 8) -> list[generation_pb2.GenerateResponse]:
+    """Unary Generate calls, `concurrency` at a time; -> the responses in request order."""
     channel_stub = stub(cluster)
-    with ThreadPoolExecutor(concurrency) as pool:
-        return list(pool.map(lambda r: channel_stub.Generate(r, timeout=300), requests))
-
-
-def is_near_tie(llm: LLM, prompt: str, expected: list[int], got: list[int]) -> bool:
-    from minedraft.model_runner import ForwardChunk
-
-    first = next(i for i, (a, b) in enumerate(zip(expected, got)) if a != b)
-    runner = llm.verifier.runner
-    logits = runner.forward([ForwardChunk("tie", llm.tokenizer.encode(prompt) + expected[:first])])[0]
-    runner.free("tie")
-    top2 = logits.topk(2).values
-    return float(top2[0] - top2[1]) < NEAR_TIE
+    return run_concurrently([lambda r=r: channel_stub.Generate(r, timeout=300) for r in requests], concurrency)
 
 
 def free_blocks(cluster: Cluster, dead_drafters: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@ import traceback
 import pytest
 import torch
 
+from concurrency import run_in_processes
 from minedraft.data_plane import (DistributedDraftReceiver, DraftPayload, InBandDraftReceiver,
                                   InBandDraftSender, connect_pair, decode_payload,
                                   encode_payload, step_tags)
@@ -139,24 +140,9 @@ def _verifier_main(port: int, results: mp.Queue) -> None:
 
 
 def test_gloo_pair_moves_payloads_bit_exactly() -> None:
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=main, args=(port, results), daemon=True)
-             for main in (_verifier_main, _drafter_main)]
-    for proc in procs:
-        proc.start()
-    reports = {}
-    try:
-        for _ in procs:
-            role, status, detail = results.get(timeout=45)
-            reports[role] = (status, detail)
-    finally:
-        for proc in procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    reports = {role: (status, detail) for role, status, detail in
+               run_in_processes([(_verifier_main, (port,)), (_drafter_main, (port,))], timeout_s=45)}
     expected_bytes = sum(make_payload(*step).nbytes for step in STEPS)
     assert reports["verifier"] == ("ok", expected_bytes), reports
     assert reports["drafter"] == ("ok", expected_bytes), reports
@@ -179,7 +165,7 @@ def test_pairing_delivers_then_reports_drafts_lost_with_their_drafter() -> None:
     from minedraft.data_plane import DraftPairings
 
     pairings = DraftPairings("gloo", "127.0.0.1", "127.0.0.1", connect_timeout_s=20)
-    address = pairings.connect("d1")
+    address, _ = pairings.connect("d1")                  # (rendezvous address, pairing key)
     host, _, port = address.rpartition(":")
     proc = mp.get_context("spawn").Process(target=_drafter_then_die, args=(host, int(port)))
     proc.start()
@@ -200,7 +186,8 @@ def test_inband_pairings_keep_drafters_apart() -> None:
     from minedraft.data_plane import DraftPairings
 
     pairings = DraftPairings("inband", "127.0.0.1", "127.0.0.1")
-    assert pairings.connect("a") == "" and pairings.connect("b") == ""
+    (address_a, key_a), (address_b, key_b) = pairings.connect("a"), pairings.connect("b")
+    assert address_a == address_b == "" and key_a != key_b       # in-band: nothing to join; keys apart
     pairings.deliver("a", make_payload(5, 2, None))
     pairings.deliver("b", make_payload(5, 3, torch.float32))     # same step id, another drafter
     assert same_payload(pairings.recv("b", 5, 3, True, VOCAB, torch.float32), make_payload(5, 3, torch.float32))

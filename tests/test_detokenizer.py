@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
@@ -13,21 +12,12 @@ from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 MULTIBYTE = "naïve — 日本語 🙂 café ≠ ∑ 👩‍💻 done"
 
 
-def _tokenizer_path() -> Path | None:
-    for path in (Path(bundled.TARGET), Path("/tmp/trial/target")):
-        if (path / "tokenizer.json").is_file():
-            return path
-    return None
-
-
 @pytest.fixture(scope="module")
 def tokenizer():
-    path = _tokenizer_path()
-    if path is None:
-        pytest.skip("no byte-level BPE tokenizer available (bundled or /tmp/trial)")
+    """The bundled target's byte-level BPE tokenizer (it ships with the project)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path))
+    return AutoTokenizer.from_pretrained(bundled.TARGET)
 
 
 def _stream(tokenizer, prompt_ids: list[int], output_ids: list[int], chunk_sizes: list[int]) -> str:

@@ -1,18 +1,23 @@
-"""The Docker deployment, checked without a Docker engine: the compose file resolves, its
-profiles are closed, GPUs and ports are where docs/deploy.md says, every command line is one
-the services' own parsers accept, the Dockerfiles copy files that exist, and the health
-probe the images use really answers 0 / 1."""
+"""The Docker deployment, checked without a Docker engine, for what would break it: the compose
+file resolves and its profiles are closed; every command line is one the services' own parsers
+accept; each service reaches its peers by the service names and ports they serve on; the
+healthchecks probe each service's own port and run; GPU reservations fit the devices the
+commands use; models are mounted where the commands read them; the Dockerfiles copy files that
+exist; and the health probe the images use really answers 0 / 1."""
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import importlib
+import json
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 from concurrent import futures
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,6 +25,7 @@ import pytest
 import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from minedraft import bundled
 from minedraft.service.network import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,8 +33,12 @@ DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
 DOCKERFILES = [DOCKER / "Dockerfile.cuda", DOCKER / "Dockerfile.cpu"]
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
+BUNDLED = Path(bundled.__file__).parent        # the bundled model pair: inside the package, in every image
 PROFILES = ("gpu", "cpu")
 SERVICE_MODULES = ("verifier_svc", "drafter_svc", "gateway")
+TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1", "[::1]")
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
 
@@ -76,10 +86,6 @@ def _module(argv: list[str]) -> str:
     return argv[2]
 
 
-def _flag(argv: list[str], name: str) -> str | None:
-    return argv[argv.index(name) + 1] if name in argv else None
-
-
 def _active(services: dict[str, dict], profile: str) -> dict[str, dict]:
     return {name: s for name, s in services.items() if not s.get("profiles") or profile in s["profiles"]}
 
@@ -93,9 +99,109 @@ def _by_module(active: dict[str, dict]) -> dict[str, tuple[str, dict]]:
     return found
 
 
-def _gpu_ids(service: dict) -> list[str]:
+@dataclass(frozen=True)
+class Command:
+    """A compose service's command as its own service parses it."""
+    module: str
+    args: argparse.Namespace
+
+
+@pytest.fixture(scope="module")
+def commands(services) -> dict[str, Command]:
+    parsed = {}
+    with pytest.MonkeyPatch.context() as env:
+        for name in TORCHRUN_ENV:
+            env.delenv(name, raising=False)       # as in the containers: no torchrun around
+        for name, service in services.items():
+            argv = _argv(service)
+            module = _module(argv)
+            try:
+                parsed[name] = Command(module, importlib.import_module(f"{module}.main").parse_args(argv[3:]))
+            except SystemExit:
+                pytest.fail(f"{name}: `{shlex.join(argv)}` is rejected by {module}'s parser")
+    return parsed
+
+
+def _address(value: str) -> tuple[str, int]:
+    host, _, port = value.rpartition(":")
+    return host, int(port)
+
+
+def _published(port: str | int | dict) -> tuple[str, int]:
+    """-> ([IP:]HOST_PORT, CONTAINER_PORT) of a `ports:` entry, short or long syntax."""
+    if isinstance(port, dict):
+        return str(port.get("published", "")), int(port["target"])
+    host_side, _, container_port = str(port).rpartition(":")
+    return host_side, int(container_port.split("/")[0])
+
+
+def _gpu_reservations(service: dict) -> list[dict]:
     devices = service.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
-    return [str(i) for device in devices for i in device.get("device_ids", [])]
+    return [device for device in devices if "gpu" in device.get("capabilities", [])]
+
+
+def _gpu_ids(service: dict) -> list[str]:
+    return [str(i) for device in _gpu_reservations(service) for i in device.get("device_ids", [])]
+
+
+def _gpu_count(service: dict) -> int:
+    """GPUs the container sees: they are numbered 0 .. count - 1 inside it."""
+    count = 0
+    for device in _gpu_reservations(service):
+        if "device_ids" in device:
+            count += len(device["device_ids"])
+        else:
+            assert isinstance(device.get("count"), int), f"reserve a known number of GPUs, not {device}"
+            count += device["count"]
+    return count
+
+
+def _cuda_indices(command: Command) -> list[int | None]:
+    """The GPU index, inside the container, of each process that puts a model on a GPU (the
+    verifier's ranks as `rank_device` places them); None: any one (cuda:auto)."""
+    from verifier_svc.main import rank_device
+
+    args = command.args
+    if command.module == "verifier_svc":
+        devices = [rank_device(args.device, rank, args.tp)[0] for rank in range(args.tp)]
+    else:
+        devices = [getattr(args, "device", "cpu")]
+    indices: list[int | None] = []
+    for device in devices:
+        if device.startswith("cuda"):
+            index = device.partition(":")[2] or "0"
+            indices.append(int(index) if index.isdigit() else None)
+    return indices
+
+
+def _mounts(service: dict) -> list[dict]:
+    """Volumes in long syntax; short `SOURCE:TARGET[:MODE]` entries are converted."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        if isinstance(volume, dict):
+            mounts.append(volume)
+        else:
+            source, target, *mode = str(volume).split(":")
+            kind = "bind" if source.startswith((".", "/", "~")) else "volume"
+            mounts.append({"type": kind, "source": source, "target": target, "read_only": mode == ["ro"]})
+    return mounts
+
+
+def _mount_over(service: dict, path: str) -> dict | None:
+    """The volume mounted at `path` or at the nearest directory above it."""
+    covering = [m for m in _mounts(service) if Path(path).is_relative_to(m["target"])]
+    return max(covering, key=lambda m: len(m["target"]), default=None)
+
+
+def _model_dir(commands: dict[str, Command], name: str) -> str:
+    """The directory a service's process reads a model or tokenizer from."""
+    command = commands[name]
+    if command.module != "gateway":
+        return command.args.model
+    if command.args.tokenizer:
+        return command.args.tokenizer
+    verifier_host, _ = _address(command.args.verifier)           # default: the verifier's model dir
+    return commands[verifier_host].args.model
 
 
 def test_every_variable_has_a_default_or_is_documented(variables):
@@ -136,76 +242,167 @@ def test_profile_is_a_closed_stack(services, profile):
             assert "healthcheck" in services[target], f"{name} waits for {target}, which has no healthcheck"
 
 
+# What each flag naming a peer dials: (the server it must be, the flags that set that server's
+# port and bind address). Drafters register through the gateway's admin API, not its public one.
+PEER_FLAGS = {"verifier": ("verifier_svc", "port", "host"), "drafter": ("drafter_svc", "port", "host"),
+              "register_with": ("gateway", "admin_port", "admin_host")}
+
+
 @pytest.mark.parametrize("profile", PROFILES)
-def test_commands_point_at_their_peers(services, profile):
-    """--verifier / --register-with name a service of the same profile, on the port it serves."""
-    by_module = _by_module(_active(services, profile))
-    ports = {name: _flag(_argv(s), "--port") for name, s in by_module.values()}
-    verifier_name, _ = by_module["verifier_svc"]
-    gateway_name, _ = by_module["gateway"]
-    expected = {"--verifier": f"{verifier_name}:{ports[verifier_name]}",
-                "--register-with": f"{gateway_name}:{ports[gateway_name]}"}
-    for module in ("drafter_svc", "gateway"):
-        argv = _argv(by_module[module][1])
-        assert _flag(argv, "--verifier") == expected["--verifier"], f"{module} in {profile}"
-    assert _flag(_argv(by_module["drafter_svc"][1]), "--register-with") == expected["--register-with"]
-    assert _flag(_argv(by_module["verifier_svc"][1]), "--advertise-host") == verifier_name
+def test_peers_are_dialled_by_service_name_and_served_port(services, commands, profile):
+    """Every HOST:PORT a command dials names a service of the same profile that runs the
+    expected server, serving that API on that port and on every interface (a peer in another
+    container cannot reach a loopback-only server)."""
+    active = _active(services, profile)
+    dialled = 0
+    for name in active:
+        for flag, (server, port_flag, host_flag) in PEER_FLAGS.items():
+            values = getattr(commands[name].args, flag, None) or []
+            for value in [values] if isinstance(values, str) else values:
+                host, port = _address(value)
+                assert host in active, f"{name}: --{flag} {value} names no service of the {profile} profile"
+                peer = commands[host]
+                assert peer.module == server, f"{name}: --{flag} {value} is a {peer.module}"
+                served_port, bound = getattr(peer.args, port_flag), getattr(peer.args, host_flag)
+                assert port == served_port, f"{name}: --{flag} {value}, but {host} serves it on {served_port}"
+                assert bound in WILDCARD_HOSTS, f"{name}: --{flag} {value}, but {host} binds it to {bound} only"
+                exposed = [str(exposed_port) for exposed_port in active[host].get("expose", [])]
+                assert not exposed or str(port) in exposed, f"{name}: --{flag} {value}, but {host} exposes {exposed}"
+                dialled += 1
+    assert dialled >= 3, f"{profile}: gateway and drafter should name the verifier, the drafter the gateway"
 
 
-def test_healthchecks_probe_each_service_own_port(services):
-    for name, service in services.items():
+@pytest.mark.parametrize("profile", PROFILES)
+def test_advertised_hosts_reach_the_container_that_advertises_them(services, commands, profile):
+    """Verifier and drafters hand peers their own address (the data plane, the pool): it must
+    be this service's name or the container's own address; a drafter's must be the container's,
+    since `--scale drafter=N` gives N replicas one service name."""
+    for name in _active(services, profile):
+        command = commands[name]
+        if command.module == "gateway":
+            continue
+        advertise = command.args.advertise_host
+        own_address = advertise == "auto" or (not advertise and command.args.host in WILDCARD_HOSTS)
+        if command.module == "drafter_svc":
+            assert own_address, f"{name}: replicas would all advertise {advertise or command.args.host}"
+        else:
+            assert own_address or advertise == name, f"{name} advertises {advertise}"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_healthchecks_probe_the_port_each_service_serves(services, commands, health_server, profile):
+    """Each healthcheck runs the image's probe against the container's own serving port, and
+    its arguments, run for real against a health server, give 0 for SERVING."""
+    servicer, address = health_server
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    for name, service in _active(services, profile).items():
         test = service["healthcheck"]["test"]
         assert test[:4] == ["CMD", "python", "-m", "minedraft.healthcheck"], f"{name}: {test}"
-        assert test[4] == f"127.0.0.1:{_flag(_argv(service), '--port')}", f"{name}: {test}"
+        host, port = _address(test[4])
+        assert host in LOOPBACK_HOSTS and port == commands[name].args.port, f"{name}: {test}"
+        service_name = test[test.index("--service") + 1] if "--service" in test else ""
+        servicer.set(service_name, health_pb2.HealthCheckResponse.SERVING)
+        result = _probe(address, *test[5:])
+        assert result.returncode == 0, f"{name}: {test[5:]}: {result.stdout}{result.stderr}"
 
 
-def test_published_ports_are_unique(services):
-    published = [str(port).rsplit(":", 1)[0] for s in services.values() for port in s.get("ports", [])]
-    assert published and len(published) == len(set(published)), published
-    gateway = services["gateway"]
-    assert [str(p) for p in gateway["ports"]] == ["50051:50051"]
-    internal = [name for name, s in services.items() if s.get("ports") and _module(_argv(s)) != "gateway"]
-    assert not internal, f"only gateways publish ports, not {internal}"
+def test_only_gateways_publish_a_port_each_and_it_is_the_served_one(services, commands):
+    published = []
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            host_side, container_port = _published(port)
+            assert commands[name].module == "gateway", f"only gateways publish ports, not {name}"
+            assert container_port == commands[name].args.port, f"{name} publishes {port}"
+            assert commands[name].args.host in WILDCARD_HOSTS, f"{name} publishes {port}, binds it to loopback"
+            published.append(host_side)
+    gateways = [name for name, command in commands.items() if command.module == "gateway"]
+    assert all(services[name].get("ports") for name in gateways), "clients reach each stack through its gateway"
+    assert all(published) and len(published) == len(set(published)), published
 
 
-def test_gpu_placement(services):
-    assert _gpu_ids(services["verifier"]) == ["0", "1", "2", "3"]
-    assert _flag(_argv(services["verifier"]), "--tp") == "4"
-    assert _gpu_ids(services["drafter"]) == ["4"]
-    assert _flag(_argv(services["drafter"]), "--device") == "cuda:auto"
-    for name in _active(services, "cpu"):
-        assert not _gpu_ids(services[name]), f"{name} reserves a GPU"
-        assert _flag(_argv(services[name]), "--device") in (None, "cpu"), name
+@pytest.mark.parametrize("profile", PROFILES)
+def test_gpu_reservations_fit_the_devices_commands_use(services, commands, profile):
+    """A GPU for each process that uses one, the verifier's ranks one each (its --tp), no GPU
+    reserved and left idle, no GPU reserved twice, and NCCL drafts only from GPU drafters."""
+    active = _active(services, profile)
+    reserved_ids: list[str] = []
+    for name, service in active.items():
+        indices, count = _cuda_indices(commands[name]), _gpu_count(service)
+        assert bool(indices) == (count > 0), f"{name}: uses GPUs {indices}, reserves {count}"
+        assert all(i is None or i < count for i in indices), f"{name}: uses GPUs {indices} of {count}"
+        if commands[name].module == "verifier_svc" and indices:
+            assert len(set(indices)) == commands[name].args.tp == count, f"{name}: --tp vs {count} GPUs"
+        reserved_ids += _gpu_ids(service)
+    assert len(reserved_ids) == len(set(reserved_ids)), f"{profile}: a GPU reserved twice: {reserved_ids}"
+    [verifier] = [name for name in active if commands[name].module == "verifier_svc"]
+    if commands[verifier].args.data_plane == "nccl":
+        for name in active:
+            if commands[name].module in ("verifier_svc", "drafter_svc"):
+                assert _cuda_indices(commands[name]), f"{name} has no GPU for the NCCL data plane"
+    if profile == "cpu":
+        for name, service in active.items():
+            assert not _gpu_reservations(service), f"{name} reserves a GPU"
+            assert getattr(commands[name].args, "device", "cpu") == "cpu", name
 
 
 def test_gpu_services_share_host_ipc_and_nccl_settings(services):
-    for name in ("verifier", "drafter"):
+    gpu_services = [name for name, service in services.items() if _gpu_reservations(service)]
+    assert gpu_services
+    for name in gpu_services:
         service = services[name]
         assert service["ipc"] == "host" and service["shm_size"], name
         assert {"NCCL_DEBUG", "NCCL_SOCKET_IFNAME"} <= set(service["environment"]), name
 
 
-def test_models_are_mounted_read_only(services):
-    def mounts(name: str) -> dict[str, dict]:
-        return {m["target"]: m for m in services[name].get("volumes", []) if isinstance(m, dict)}
+@pytest.mark.parametrize("profile", PROFILES)
+def test_models_are_mounted_read_only_where_commands_read_them(services, commands, profile):
+    """Each model directory is the bundled one (in the image) or sits on a read-only mount that
+    fails on a wrong host path; the gateway tokenizes with the verifier's model."""
+    active = _active(services, profile)
+    sources = {}
+    for name, service in active.items():
+        path = _model_dir(commands, name)
+        mount = _mount_over(service, path)
+        if Path(path).is_relative_to(BUNDLED):
+            assert mount is None, f"{name}: {mount} hides the bundled model at {path}"
+            continue
+        assert mount is not None, f"{name} reads {path}, which nothing is mounted on"
+        assert mount.get("read_only") is True, f"{name}: {mount['target']} is writable"
+        if mount["type"] == "bind":
+            assert mount.get("bind", {}).get("create_host_path") is False, f"{name}: {mount}"
+        sources[commands[name].module] = (mount["source"], Path(path).relative_to(mount["target"]))
+    if "gateway" in sources or "verifier_svc" in sources:
+        assert sources.get("gateway") == sources.get("verifier_svc"), sources
+    if profile == "cpu":
+        for name, service in active.items():  # the bundled pair ships in the image
+            assert "--model" not in _argv(service) and not service.get("volumes"), name
 
-    assert mounts("verifier")["/models/target"]["read_only"] is True
-    assert mounts("gateway")["/models/target"]["read_only"] is True
-    assert mounts("drafter")["/models/draft"]["read_only"] is True
-    for name, service in _active(services, "cpu").items():  # the bundled pair ships in the image
-        assert "--model" not in _argv(service) and not service.get("volumes"), name
+
+def test_named_volumes_are_declared(raw_compose, services):
+    for name, service in services.items():
+        for mount in _mounts(service):
+            if mount["type"] == "volume":
+                assert mount["source"] in raw_compose.get("volumes", {}), f"{name}: {mount['source']}"
 
 
-def test_drafter_replicas_share_one_gpu_lock_volume(raw_compose, services):
-    lock_dir = _flag(_argv(services["drafter"]), "--gpu-lock-dir")
-    [lock_volume] = [m for m in services["drafter"]["volumes"] if m["target"] == lock_dir]
-    assert lock_volume["type"] == "volume" and lock_volume["source"] in raw_compose["volumes"]
+def test_drafter_replicas_share_one_gpu_lock_volume(services, commands):
+    """cuda:auto spreads replicas over their GPUs through lock files: the lock directory must be
+    one named volume for all of them, created in the image for the non-root user."""
+    auto = [name for name, command in commands.items() if getattr(command.args, "device", "") == "cuda:auto"]
+    assert auto
+    for name in auto:
+        lock_dir = commands[name].args.gpu_lock_dir
+        mount = _mount_over(services[name], lock_dir)
+        assert mount is not None and mount["type"] == "volume", f"{name}: {lock_dir} is not on a named volume"
+        build = services[name]["build"]
+        runs = " ".join(a for op, a in _instructions(DOCKER / build["context"] / build["dockerfile"]) if op == "RUN")
+        assert f"mkdir -p {lock_dir}" in runs and "chown" in runs, f"{name}: the image does not create {lock_dir}"
 
 
 @pytest.mark.parametrize("module", SERVICE_MODULES)
 def test_service_parsers_accept_compose_flags(services, module, monkeypatch):
     """The exact arguments compose passes are ones the service's own argparse accepts."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+    for name in TORCHRUN_ENV:
         monkeypatch.delenv(name, raising=False)    # as in the containers: no torchrun around
     assert (ROOT / module / "__main__.py").is_file()
     parse_args = importlib.import_module(f"{module}.main").parse_args
@@ -294,6 +491,23 @@ def test_dockerfile_is_multistage_pinned_and_non_root(dockerfile):
     assert "python -m minedraft.healthcheck" in health_check
     cmd = [a for op, a in steps if op == "CMD"][-1]
     assert '"minedraft"' in cmd and 'minedraft = "minedraft.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_image_healthcheck_probes_the_port_its_command_serves(dockerfile):
+    """The image's own HEALTHCHECK (and compose's `python -m minedraft.healthcheck`) run the
+    venv's python, against the port the default command serves on."""
+    steps = _instructions(dockerfile)
+    final_stage = steps[max(i for i, (op, _) in enumerate(steps) if op == "FROM"):]
+    env = dict(pair.split("=", 1) for op, a in final_stage if op == "ENV" for pair in shlex.split(a) if "=" in pair)
+    assert env["PATH"].split(":")[0] == "/opt/venv/bin", env["PATH"]
+    probe = shlex.split(" ".join(a for op, a in final_stage if op == "HEALTHCHECK"))
+    _, probed_port = _address(re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], probe[-1]))
+    command = json.loads([a for op, a in final_stage if op == "CMD"][-1])
+    served_port = int(command[command.index("--port") + 1])
+    assert probed_port == served_port, (probe, command)
+    exposed = " ".join(a for op, a in final_stage if op == "EXPOSE").split()
+    assert str(served_port) in exposed, exposed
 
 
 def test_cpu_image_takes_torch_from_the_cpu_index():

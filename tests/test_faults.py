@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+from concurrency import run_concurrently
 from reference import assert_matches_reference, greedy_reference
 
 MAX_TOKENS = 16
@@ -43,12 +44,13 @@ def _generate(stub, prompt: str) -> generation_pb2.GenerateResponse:
 def _generate_all(cluster: Cluster, during=None) -> list[generation_pb2.GenerateResponse]:
     """All prompts at once; `during()` runs once they are streaming."""
     stub = _stub(cluster)
-    with ThreadPoolExecutor(len(PROMPTS)) as pool:
-        futures = [pool.submit(_generate, stub, p) for p in PROMPTS]
-        if during is not None:
-            time.sleep(0.3)
-            during()
-        return [f.result() for f in futures]
+
+    def mid_run() -> None:
+        time.sleep(0.3)
+        during()
+
+    return run_concurrently([lambda p=p: _generate(stub, p) for p in PROMPTS],
+                            while_running=None if during is None else mid_run)
 
 
 def _check(reference, results, label: str) -> None:

@@ -7,7 +7,6 @@ scenarios run in this process without tensor parallelism, and the tests compare 
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +15,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from concurrency import run_in_processes
 from minedraft.config import ModelConfig, RunnerConfig
 from minedraft.model.loader import load_model
 from minedraft.model.tensor_parallel import ShardPlan, shard_model
@@ -158,24 +158,9 @@ def single(tiny_checkpoint) -> dict:
 def ranks(tiny_checkpoint, tmp_path_factory) -> list[dict]:
     """Every scenario at TP=2, once: [rank 0's results, rank 1's]."""
     out_dir = tmp_path_factory.mktemp("tp-results")
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, port, str(tiny_checkpoint), str(out_dir), results),
-                         daemon=True) for rank in range(TP_SIZE)]
-    for proc in procs:
-        proc.start()
-    reports = {}
-    try:
-        for _ in procs:
-            rank, status = results.get(timeout=120)
-            reports[rank] = status
-    finally:
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    jobs = [(_worker, (rank, port, str(tiny_checkpoint), str(out_dir))) for rank in range(TP_SIZE)]
+    reports = dict(run_in_processes(jobs, timeout_s=120))
     assert all(status == "ok" for status in reports.values()), reports
     return [torch.load(out_dir / f"rank{rank}.pt") for rank in range(TP_SIZE)]
 
