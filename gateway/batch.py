@@ -1,4 +1,5 @@
-"""A batch as the Batch Manager pipelines it, and one request's place in a verify step."""
+"""The Batch Manager's plain types: its configuration, a batch as it pipelines it, and one
+request's place in a verify step."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from gateway.request import ActiveRequest
+from minedraft.constants import MODES
 from minedraft.v1 import engine_pb2
 
 
@@ -31,3 +33,30 @@ class Batch:
 
     def in_flight(self, req: ActiveRequest) -> bool:
         return self.drafted is not None and any(item.request is req for item in self.drafted)
+
+
+@dataclass(frozen=True)
+class BatchManagerConfig:
+    mode: str
+    k: int
+    max_batch: int              # m: requests per batch
+    kv_blocks: int              # the verifier's KV cache, in blocks (each drafter's is its own)
+    block_size: int
+    step_timeout_s: float = 30.0    # the least deadline of a service call (see Deadlines)
+    max_waiting: int = 1024         # requests queued beyond the batches; more are refused
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.k < 0 or (self.mode != "ar" and self.k < 1):
+            raise ValueError(f"k must be >= 1 for mode {self.mode!r}, got {self.k}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
+        if not self.step_timeout_s > 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
+
+
+class Overloaded(Exception):
+    """The admission queue is full (RESOURCE_EXHAUSTED)."""

@@ -17,8 +17,8 @@ step runs on every drafter holding its requests, in parallel. A drafter that die
 nothing: its requests move to another drafter, or run at k = 0 when none is left.
 
 Admission and the KV ledger live in `admission.py`, the calls to the services in
-`engine_calls.py`, the batch itself in `batch.py`; this file holds the pipelines and what
-to do when a call fails.
+`engine_calls.py`, the batch and the config in `batch.py`, how a failed call is read in
+`failures.py`; this file holds the pipelines and the requests' way in and out.
 """
 
 from __future__ import annotations
@@ -26,50 +26,21 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections import deque
-from dataclasses import dataclass
 
 import grpc
 
 from gateway.admission import Admission
-from gateway.batch import Batch, DraftedItem
-from gateway.engine_calls import DRAFTER_GONE, Deadlines, EngineCalls, call_status
+from gateway.batch import Batch, BatchManagerConfig, DraftedItem, Overloaded
+from gateway.engine_calls import Deadlines, EngineCalls, call_status
+from gateway.failures import drafter_gone, verify_failure
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
-from minedraft.constants import MODES
 from minedraft.sequence import FinishReason
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
-
-
-@dataclass(frozen=True)
-class BatchManagerConfig:
-    mode: str
-    k: int
-    max_batch: int              # m: requests per batch
-    kv_blocks: int              # the verifier's KV cache, in blocks (each drafter's is its own)
-    block_size: int
-    step_timeout_s: float = 30.0    # the least deadline of a service call (see Deadlines)
-    max_waiting: int = 1024         # requests queued beyond the batches; more are refused
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.k < 0 or (self.mode != "ar" and self.k < 1):
-            raise ValueError(f"k must be >= 1 for mode {self.mode!r}, got {self.k}")
-        if self.max_batch < 1:
-            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
-        if not self.step_timeout_s > 0:
-            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
-        if self.max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
-
-
-class Overloaded(Exception):
-    """The admission queue is full (RESOURCE_EXHAUSTED)."""
 
 
 class BatchManager:
@@ -144,24 +115,17 @@ class BatchManager:
         """Every request ends with this error (the verifier was lost: their state with it)."""
         for batch in self.batches:
             batch.drafted = None
-        for req in list(self.requests.values()):
+            self._fail(list(batch.requests), code, message)
+        self._fail(list(self.requests.values()), code, message)     # those still waiting
+
+    def _fail(self, requests: list[ActiveRequest], code: grpc.StatusCode, message: str) -> None:
+        for req in requests:
             req.emit_error(code, message)
             self._forget(req)
 
-    async def drain(self, timeout_s: float) -> None:
-        """Stop admitting; let the requests in flight finish for up to timeout_s, fail the
-        rest, and hand every finished request's KV back to the services."""
-        self.unavailable = "the server is shutting down"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.requests and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        if self.requests:
-            logger.warning("drain: %d requests did not finish within %.0f s", len(self.requests), timeout_s)
-            self.fail_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
-        while any(b.drafted is not None for b in self.batches) and loop.time() < deadline + 5.0:
-            await asyncio.sleep(0.05)       # a failed request's step may still be in flight
-        await self._flush_frees()
+    @property
+    def steps_in_flight(self) -> bool:
+        return any(b.drafted is not None for b in self.batches)
 
     # ---- the drafter pool ----------------------------------------------------------------
     async def add_drafter(self, address: str, timeout_s: float | None = None) -> None:
@@ -218,7 +182,7 @@ class BatchManager:
             if not batch.to_draft():
                 batch.has_work.clear()
                 if not any(b.to_draft() or b.drafted is not None for b in self.batches):
-                    await self._flush_frees()       # nothing in flight to carry them
+                    await self.flush_frees()        # nothing in flight to carry them
                 await batch.has_work.wait()
                 continue
             if self.config.mode == "ar":
@@ -254,7 +218,7 @@ class BatchManager:
                 self._fail_batch(batch, err)
             self._kick()
 
-    async def _flush_frees(self) -> None:
+    async def flush_frees(self) -> None:
         """When idle, hand finished requests back to the services at once (no call to ride on).
         A service that does not answer loses nothing that matters: a drafter that failed is
         dropped by its next draft call, and a verifier that failed has lost its state."""
@@ -313,12 +277,8 @@ class BatchManager:
                 drafted.append(DraftedItem(req, 0))
             else:
                 by_drafter.setdefault(req.drafter, []).append((req, req.seq.draft_length(self.config.k)))
-        drafters = list(by_drafter)
-        start = time.perf_counter()
-        results = await asyncio.gather(*(self.calls.draft(step_id, d, by_drafter[d]) for d in drafters),
-                                       return_exceptions=True)
-        responses, sources = [], []
-        for drafter, result in zip(drafters, results):
+        sources = []
+        for drafter, result in await self.calls.draft_all(step_id, by_drafter, len(live)):
             items = by_drafter[drafter]
             if isinstance(result, BaseException):
                 self._drafter_failed(drafter, [req for req, _ in items], result)
@@ -328,36 +288,21 @@ class BatchManager:
             drafted.extend(DraftedItem(req, k, len(sources)) for req, k in items)
             sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id,
                                                   with_probs=result.with_probs))
-            responses.append(result)
         batch.drafted, batch.sources = drafted, sources
-        if responses:
-            self.calls.record_draft(step_id, start, len(drafted), responses)
 
     # ---- failures ---------------------------------------------------------------------------
     def _drafter_failed(self, drafter: DrafterHandle, requests: list[ActiveRequest], err: BaseException) -> None:
         """A draft call failed. A drafter that is gone leaves the pool; otherwise only these
         requests are re-homed (their state there is suspect). Nothing is lost either way:
         this step verifies them with k = 0."""
-        code, message = call_status(err)
-        if code in DRAFTER_GONE:
-            logger.warning("drafter %s failed (%s: %s); re-homing its %d requests",
-                           drafter.address, code.name, message, len(drafter.request_ids))
+        if drafter_gone(drafter, requests, err):
             self.remove_drafter(drafter.address, graceful=False)
             return
-        logger.error("draft step on %s failed (%s: %s); re-homing %d requests",
-                     drafter.address, code.name, message, len(requests))
         for req in requests:
             if req.drafter is drafter:
                 self.admission.unassign(req)
 
     def _fail_batch(self, batch: Batch, err: BaseException) -> None:
-        """A verifier call failed: fail that batch's requests, keep serving everyone else.
-        A verifier that is down or hung reads as UNAVAILABLE to the client."""
-        code, message = call_status(err)
-        logger.error("step failed for batch %d: %s %s", batch.index, code.name, message)
-        if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
-            code, message = grpc.StatusCode.UNAVAILABLE, f"the verifier did not answer in time ({message})"
+        """A verifier call failed: fail that batch's requests, keep serving everyone else."""
         batch.drafted = None
-        for req in list(batch.requests):
-            req.emit_error(code, f"engine step failed: {message}")
-            self._forget(req)
+        self._fail(list(batch.requests), *verify_failure(batch.index, err))

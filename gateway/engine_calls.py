@@ -21,10 +21,6 @@ from gateway.request import ActiveRequest
 from minedraft.protocol import new_request_proto
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
-# Status codes of a failed draft call that mean the drafter itself is gone (or unusable),
-# not that one request's state there is bad.
-DRAFTER_GONE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 STEP_RECORDS_KEPT = 100_000
 T = TypeVar("T")
 
@@ -149,13 +145,21 @@ class EngineCalls:
             items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
             timeout=self.deadlines("draft")), f"draft on {drafter.address}")
 
-    def record_draft(self, step_id: int, start: float, num_items: int,
-                     responses: list[engine_pb2.DraftStepResponse]) -> None:
-        """One record for a batch's draft step over all its drafters, which run in parallel:
-        it lasts as long as the slowest. The drafter's send waits for the verifier's matching
-        receive, so the transfer is timed on the receiving side (verify data_plane_s) only."""
-        self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r in responses),
-                    draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r in responses))
+    async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
+                        num_items: int) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]]:
+        """One batch's draft step on each of its drafters, in parallel; -> (drafter, response
+        or the call's exception). One record for the step: it lasts as long as the slowest
+        drafter. The drafter's send waits for the verifier's matching receive, so the
+        transfer is timed on the receiving side (verify data_plane_s) only."""
+        drafters = list(by_drafter)
+        start = time.perf_counter()
+        results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d]) for d in drafters),
+                                       return_exceptions=True)
+        responses = [r for r in results if not isinstance(r, BaseException)]
+        if responses:
+            self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r in responses),
+                        draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r in responses))
+        return list(zip(drafters, results))
 
     async def flush_verifier_frees(self) -> None:
         """Free finished requests on the verifier now (when no step is there to carry them)."""

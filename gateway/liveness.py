@@ -95,7 +95,7 @@ async def supervise(manager: BatchManager, served: Served, watch: VerifierWatch,
     except asyncio.CancelledError:
         logger.info("stopping: no new requests; draining those in flight (at most %.0f s)", drain_timeout_s)
         await served.set_serving(False)
-        await manager.drain(drain_timeout_s)
+        await drain(manager, drain_timeout_s)
         raise
     finally:
         for task in tasks:
@@ -108,3 +108,19 @@ async def supervise(manager: BatchManager, served: Served, watch: VerifierWatch,
         logger.critical("%s stopped (%s): exiting so that a supervisor restarts the gateway",
                         tasks[task], "no error" if error is None else repr(error), exc_info=error)
         raise SystemExit(1)
+
+
+async def drain(manager: BatchManager, timeout_s: float) -> None:
+    """Stop admitting; let the requests in flight finish for up to timeout_s, fail the rest,
+    and hand every finished request's KV back to the services."""
+    manager.unavailable = "the server is shutting down"
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while manager.requests and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if manager.requests:
+        logger.warning("drain: %d requests did not finish within %.0f s", len(manager.requests), timeout_s)
+        manager.fail_all(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+    while manager.steps_in_flight and loop.time() < deadline + 5.0:
+        await asyncio.sleep(0.05)           # a failed request's step may still be in flight
+    await manager.flush_frees()
