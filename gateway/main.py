@@ -17,22 +17,10 @@ from gateway.liveness import VerifierWatch, supervise
 from gateway.pool import DrafterPool, PoolError
 from gateway.servicer import GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
-from minedraft.constants import (
-    ADMIN_PORT,
-    DEFAULT_VERIFIER,
-    GATEWAY_PORT,
-    MAX_REQUEST_BYTES,
-    MODES,
-)
+from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
 from minedraft.service.runtime import run
-from minedraft.service.security import (
-    DialSecurity,
-    SecurityError,
-    ServerSecurity,
-    add_dial_args,
-    add_server_args,
-    check_bind,
-)
+from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args, add_server_args,
+                                        check_bind)
 from minedraft.service.server import start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 

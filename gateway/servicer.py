@@ -10,12 +10,7 @@ import grpc
 
 from gateway.batch_manager import BatchManager, Overloaded
 from gateway.request import ActiveRequest, StreamEvent
-from gateway.validation import (
-    check_prompt_ids,
-    check_prompt_text,
-    check_stop_token_ids,
-    clamp_max_tokens,
-)
+from gateway.validation import check_prompt_ids, check_prompt_text, check_stop_token_ids, clamp_max_tokens
 from minedraft import __version__
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.protocol import params_from_proto, stats_to_proto
