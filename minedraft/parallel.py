@@ -24,7 +24,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minedraft.process_groups import check_backend, new_group
+from minedraft.process_groups import check_backend, master_store, new_group
 
 _CONTROL_TIMEOUT = timedelta(days=365)
 
@@ -68,7 +68,8 @@ class TPGroup:
         if size == 1:
             return cls.single(device)
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, world_size=size, is_master=(rank == 0), timeout=timeout)
+        store = (master_store(host, port, size, timeout) if rank == 0
+                 else dist.TCPStore(host, port, world_size=size, is_master=False, timeout=timeout))
         model_group = new_group(dist.PrefixStore("model", store), rank, size, backend, device, timeout)
         control_group = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size,
                                               _CONTROL_TIMEOUT)

@@ -3,12 +3,28 @@ so tensor-parallel groups and data-plane pairs live side by side in one process.
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from minedraft.constants import DISTRIBUTED_BACKENDS
+
+
+def master_store(host: str, port: int, world_size: int, timeout: timedelta,
+                 wait_for_workers: bool = True) -> dist.TCPStore:
+    """A rendezvous store listening on `host` only (port 0: any free port, `store.port`).
+    TCPStore alone listens on every interface whatever host it is given, so the socket is
+    bound here and handed over: a store for 127.0.0.1 is not reachable from the network."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host.strip("[]"), port))
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    return dist.TCPStore(host, bound, world_size=world_size, is_master=True, timeout=timeout,
+                         wait_for_workers=wait_for_workers, master_listen_fd=sock.detach())
 
 
 def check_backend(backend: str, device: torch.device, what: str) -> None:

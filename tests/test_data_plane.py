@@ -196,3 +196,22 @@ def test_inband_pairings_keep_drafters_apart() -> None:
         pairings.deliver("c", make_payload(6, 1, None))
     with pytest.raises(ValueError, match="drafter_id"):
         pairings.connect("")
+
+
+def _listening_hosts(port: int) -> set[str]:
+    """IPv4 and IPv6 addresses listening on `port`, from /proc/net (LISTEN is state 0A)."""
+    hosts = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                hosts.add(address)
+    return hosts
+
+
+def test_rendezvous_store_listens_only_where_it_is_told():
+    from minedraft.data_plane import listen_store
+
+    store = listen_store("127.0.0.1")
+    assert _listening_hosts(store.port) == {"0100007F"}           # 127.0.0.1, little-endian hex

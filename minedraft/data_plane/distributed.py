@@ -11,14 +11,13 @@ import torch.distributed as dist
 from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS,
                                           VERIFIER_RANK, DraftPayload, _header, _TransferMeter, empty_payload,
                                           step_tags)
-from minedraft.process_groups import check_backend, new_group
+from minedraft.process_groups import check_backend, master_store, new_group
 
 
 def listen_store(host: str, port: int = 0, timeout_s: float = 60.0) -> dist.TCPStore:
     """The verifier's rendezvous store for one pairing; port 0 takes any free port
     (read it back from `store.port`), so pairings never collide on one host."""
-    return dist.TCPStore(host, port, world_size=2, is_master=True, wait_for_workers=False,
-                         timeout=timedelta(seconds=timeout_s))
+    return master_store(host, port, 2, timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
 def _form_pair_group(host: str, port: int, rank: int, backend: str, device: torch.device,
@@ -27,8 +26,8 @@ def _form_pair_group(host: str, port: int, rank: int, backend: str, device: torc
     """A private two-rank group: its own store, constructed directly, no default group."""
     check_backend(backend, device, "data-plane")
     if store is None:
-        store = dist.TCPStore(host, port, world_size=2, is_master=(rank == VERIFIER_RANK),
-                              timeout=timeout)
+        store = (master_store(host, port, 2, timeout) if rank == VERIFIER_RANK
+                 else dist.TCPStore(host, port, world_size=2, is_master=False, timeout=timeout))
     return store, new_group(store, rank, 2, backend, device, timeout)
 
 
