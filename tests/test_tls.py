@@ -41,3 +41,15 @@ def test_mtls_needs_a_client_certificate_from_the_ca(mtls_target: str, certs: di
     with Client(mtls_target, timeout=10, tls_ca=certs["ca"], tls_client_cert=certs["client_cert"],
                 tls_client_key=certs["client_key"]) as member:
         assert_served(member)
+
+
+def test_healthcheck_probe_speaks_tls(tls_target: str, mtls_target: str, certs: dict[str, str]):
+    """The container probe reaches TLS services with --tls-ca (and a client certificate
+    under mTLS); in plaintext it reports them unhealthy."""
+    from minedraft.healthcheck import main
+
+    assert main([tls_target, "--timeout", "5"]) == 1
+    assert main([tls_target, "--tls-ca", certs["ca"], "--timeout", "5"]) == 0
+    assert main([mtls_target, "--tls-ca", certs["ca"], "--timeout", "5"]) == 1
+    assert main([mtls_target, "--tls-ca", certs["ca"], "--tls-client-cert", certs["client_cert"],
+                 "--tls-client-key", certs["client_key"], "--timeout", "5"]) == 0
