@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from types import SimpleNamespace
 
 import grpc
@@ -56,10 +57,12 @@ def test_serve_cli_tp2_two_drafters_streams():
                              "--port", "0", "--num-blocks", "256", "--target-cpus", "", "--draft-cpus", ""],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines = []
+    watchdog = threading.Timer(300, proc.kill)     # never wait for ever on a serve that says nothing
+    watchdog.start()
     try:
-        for line in proc.stdout:                    # "... serving on HOST:PORT; Ctrl-C stops all services"
+        for line in proc.stdout:                    # "... serving on HOST:PORT (pool admin on ...); ..."
             lines.append(line)
-            found = re.search(r"serving on (\S+);", line)
+            found = re.search(r"serving on (\S+) \(pool admin on (\S+)\);", line)
             if found:
                 address = found.group(1)
                 break
@@ -71,6 +74,7 @@ def test_serve_cli_tp2_two_drafters_streams():
         info = gateway.GetServerInfo(generation_pb2.ServerInfoRequest(), timeout=10)
         assert info.num_drafters == 2 and info.mode == "psd"
     finally:
+        watchdog.cancel()
         os.killpg(proc.pid, signal.SIGINT)
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, "".join(lines) + output
