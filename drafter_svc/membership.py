@@ -91,18 +91,15 @@ class PoolAdmin:
         self.channel = dial.aio_channel(admin)
         self.stub = generation_pb2_grpc.DrafterPoolStub(self.channel)
 
-    async def register(self, address: str, attempts: int = 0) -> None:
-        """Join the pool, retrying with exponential backoff (attempts 0: until it works)."""
-        delay, attempt = 0.2, 0
+    async def register(self, address: str) -> None:
+        """Join the pool, retrying with exponential backoff until it works."""
+        delay = 0.2
         while True:
-            attempt += 1
             try:
                 await self.stub.Register(generation_pb2.DrafterEndpoint(address=address), timeout=CALL_TIMEOUT_S)
                 logger.info("joined the drafter pool at %s", self.admin)
                 return
             except grpc.aio.AioRpcError as err:
-                if attempts and attempt >= attempts:
-                    raise
                 logger.warning("could not join the drafter pool at %s (%s: %s); retrying in %.1f s",
                                self.admin, err.code().name, err.details(), delay)
             await asyncio.sleep(delay * (1 + random.random() / 4))
