@@ -60,8 +60,7 @@ class StepExecutor:
             if item.num_draft and item.source >= len(request.sources):
                 raise ValueError(f"items: {item.request_id!r} names draft source {item.source}, "
                                  f"but the step has {len(request.sources)}")
-        per_source: list[torch.Tensor | None] = []
-        probs_by_source: list[torch.Tensor | None] = []
+        payloads = []
         start = time.perf_counter()
         for index, source in enumerate(request.sources):
             count = sum(item.num_draft for item in items if item.source == index)
@@ -73,14 +72,15 @@ class StepExecutor:
                              else max(0.05, recv_deadline - time.monotonic()))
                 payload = pairings.recv(source.drafter_id, source.draft_step_id, count, source.with_probs,
                                         self.vocab_size, self.dtype, timeout_s)
-                if payload is not None and not _in_vocab(payload.token_ids, self.vocab_size):
-                    logger.warning("step %d: drafter %s sent token ids outside the vocabulary; "
-                                   "its drafts are dropped", request.step_id, source.drafter_id)
-                    payload = None
-            per_source.append(None if payload is None else payload.token_ids.to(self.device))
-            probs_by_source.append(None if payload is None or payload.probs is None
-                                   else payload.probs.to(self.device))
+            payloads.append(payload)
         recv_s = time.perf_counter() - start
+        for index, (source, payload) in enumerate(zip(request.sources, payloads)):
+            if payload is not None and not _in_vocab(payload.token_ids, self.vocab_size):
+                logger.warning("step %d: drafter %s sent token ids outside the vocabulary; "
+                               "its drafts are dropped", request.step_id, source.drafter_id)
+                payloads[index] = None
+        per_source = [None if p is None else p.token_ids.to(self.device) for p in payloads]
+        probs_by_source = [None if p is None or p.probs is None else p.probs.to(self.device) for p in payloads]
         any_probs = any(p is not None for p in probs_by_source)
         offsets = [0] * len(request.sources)
         token_parts, prob_parts = [], []
@@ -184,4 +184,6 @@ def check_step(request: engine_pb2.VerifyStepRequest, verifier: Verifier) -> Non
 
 
 def _in_vocab(token_ids: torch.Tensor, vocab_size: int) -> bool:
-    return token_ids.numel() == 0 or bool(((token_ids >= 0) & (token_ids < vocab_size)).all())
+    """A step's drafts are a few dozen ids: checked on the host, one transfer at most."""
+    ids = token_ids.tolist()
+    return not ids or (min(ids) >= 0 and max(ids) < vocab_size)
