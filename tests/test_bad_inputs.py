@@ -182,6 +182,12 @@ def test_internal_steps_naming_unknown_requests_are_not_found(cluster):
     assert draft.code() == grpc.StatusCode.NOT_FOUND and "updates" in draft.details()
 
 
+def test_internal_step_naming_a_drafter_that_never_paired_is_not_found(cluster):
+    error = _refused(lambda: _verifier(cluster).Step(engine_pb2.VerifyStepRequest(
+        step_id=next(STEP_ID), sources=[engine_pb2.DraftSource(drafter_id="stranger", draft_step_id=1)]), timeout=10))
+    assert error.code() == grpc.StatusCode.NOT_FOUND and "sources" in error.details()
+
+
 def test_internal_duplicate_prefill_and_foreign_tokens_change_nothing(cluster):
     verifier, drafter = _verifier(cluster), _drafter(cluster)
     for stub, message in ((verifier, engine_pb2.VerifyStepRequest), (drafter, engine_pb2.DraftStepRequest)):

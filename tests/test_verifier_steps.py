@@ -26,6 +26,9 @@ class FakePairings:
         self.asked[drafter_id] = (step_id, num_tokens, with_probs)
         return self.payloads[drafter_id]
 
+    def ever_paired(self, drafter_id) -> bool:
+        return drafter_id in self.payloads
+
 
 @pytest.fixture(scope="module")
 def executor(tiny_checkpoints) -> StepExecutor:
@@ -67,6 +70,17 @@ def test_greedy_drafts_carry_no_probs_and_bad_sources_are_refused(executor):
     assert token_ids.tolist() == [5, 6] and probs is None and not resolved.sources
     with pytest.raises(ValueError, match="source"):
         executor._collect(_request(items=[("x", 2, 1)], sources=[("a", 3, False)]), pairings)
+
+
+def test_a_drafter_that_never_paired_is_not_found_and_nothing_is_received(executor):
+    """Drafts of a drafter that left are lost (k = 0); a drafter this verifier never paired
+    with is nonsense, refused before any draft is taken off the data plane."""
+    from minedraft.engine_requests import UnknownRequest
+
+    pairings = FakePairings({"known": None})
+    with pytest.raises(UnknownRequest, match="sources: drafter 'stranger' never paired"):
+        executor.lead(_request(items=[], sources=[("known", 1, False), ("stranger", 1, False)]), pairings)
+    assert pairings.asked == {}
 
 
 def test_lost_drafts_still_give_one_token(executor):

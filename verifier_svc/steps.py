@@ -17,7 +17,7 @@ import time
 import torch
 
 from minedraft.data_plane import DraftPairings
-from minedraft.engine_requests import StepCheck
+from minedraft.engine_requests import StepCheck, UnknownRequest
 from minedraft.parallel import TPGroup
 from minedraft.protocol import params_from_proto
 from minedraft.v1 import engine_pb2
@@ -40,6 +40,9 @@ class StepExecutor:
              recv_deadline: float | None = None) -> engine_pb2.VerifyStepResponse:
         """recv_deadline (time.monotonic()): drafts not arrived by then are lost (k = 0)."""
         check_step(request, self.verifier)      # before any draft is taken off the data plane
+        for source in request.sources:
+            if pairings is None or not pairings.ever_paired(source.drafter_id):
+                raise UnknownRequest(f"sources: drafter {source.drafter_id!r} never paired with this verifier")
         resolved, token_ids, probs, recv_s = self._collect(request, pairings, recv_deadline)
         if self.tp.size > 1:
             self.tp.broadcast_bytes(resolved.SerializeToString())

@@ -46,10 +46,15 @@ class DraftPairings:
         self.device = torch.device(device)
         self.connect_timeout_s = connect_timeout_s
         self._pairings: dict[str, _Pairing] = {}
+        self._ever_paired: set[str] = set()     # drafts of these, when unpaired, are lost, not unknown
         self._lock = threading.Lock()
 
     def __contains__(self, drafter_id: str) -> bool:
         return drafter_id in self._pairings
+
+    def ever_paired(self, drafter_id: str) -> bool:
+        """Whether this drafter paired with this verifier at some time (it may have left since)."""
+        return drafter_id in self._ever_paired
 
     def connect(self, drafter_id: str, pairing_key: str = "") -> tuple[str, str]:
         """Open a pairing for a joining drafter; -> (the rendezvous address it must join,
@@ -71,6 +76,7 @@ class DraftPairings:
                              name=f"pair-{drafter_id[:8]}", daemon=True).start()
         with self._lock:
             self._pairings[drafter_id] = pairing
+            self._ever_paired.add(drafter_id)
         return address, pairing.key
 
     def check_key(self, drafter_id: str, pairing_key: str) -> None:
