@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
 
 import grpc
 
@@ -49,6 +50,10 @@ class Pairing:
             timeout=CALL_TIMEOUT_S)
         self.key, self.instance_id, self.data_plane = reply.pairing_key, info.instance_id, reply.data_plane
         return await asyncio.get_running_loop().run_in_executor(None, self._open_sender, reply)
+
+    async def current(self, servicer: DrafterServicer) -> bool:
+        """Paired with the verifier serving now, and sending works."""
+        return not servicer.send_failed and await self.verifier_instance() == self.instance_id
 
     async def verifier_instance(self) -> str | None:
         try:
@@ -105,15 +110,17 @@ class PoolAdmin:
             await asyncio.sleep(delay * (1 + random.random() / 4))
             delay = min(delay * 2, 10.0)
 
-    async def keep_registered(self, address: str) -> None:
-        """Rejoin whenever the pool no longer lists this drafter."""
+    async def keep_registered(self, address: str, paired: Callable[[], Awaitable[bool]]) -> None:
+        """Rejoin whenever the pool no longer lists this drafter, once `paired()` says its
+        pairing is with the verifier that serves now (the gateway drops drafters of a
+        verifier that restarted; rejoining before pairing anew would name a stranger)."""
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
                 status = await self.stub.List(generation_pb2.ListDraftersRequest(), timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError:
                 continue                    # the gateway is away: ask again later
-            if not any(d.address == address for d in status.drafters):
+            if not any(d.address == address for d in status.drafters) and await paired():
                 logger.warning("no longer in the drafter pool at %s: joining again", self.admin)
                 await self.register(address)
 

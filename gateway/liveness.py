@@ -6,7 +6,8 @@ Batch Manager's own task, and its health says SERVING only while both are well.
   with UNAVAILABLE (its state on the verifier is gone or unreachable) and new requests are
   refused with UNAVAILABLE. Once it answers again, health returns to SERVING by itself.
   A verifier that restarted between two probes is recognised by its new instance id and
-  treated the same way; drafters pair with the new one on their own.
+  treated the same way. Drafters leave the pool until they have paired with the new
+  verifier (on their own) and rejoined it.
 - The Batch Manager's task must never end. If it does, that is a bug: it is logged with
   its traceback, health turns NOT_SERVING and the gateway exits non-zero so that a
   supervisor restarts it.
@@ -52,6 +53,7 @@ class VerifierWatch:
                 if self.up:
                     await self._down("the verifier restarted")
                 self.instance_id = instance
+                self._drop_drafters()
             if not self.up:
                 await self._back()
 
@@ -74,6 +76,14 @@ class VerifierWatch:
         await self.served.set_serving(False)
         self.manager.fail_all(grpc.StatusCode.UNAVAILABLE, f"{why}; the request was lost with it, retry it")
         self.manager.calls.free_on_verifier.clear()     # the requests went with the old verifier
+
+    def _drop_drafters(self) -> None:
+        """Drafters paired with the old verifier are not drafters of the new one until they
+        pair again, which they do by themselves and then rejoin the pool; meanwhile their
+        requests run at k = 0."""
+        pool = self.manager.pool
+        for address in list(pool.drafters) if pool is not None else []:
+            self.manager.remove_drafter(address, graceful=False)
 
     async def _back(self) -> None:
         self.up = True
