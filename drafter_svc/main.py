@@ -109,7 +109,8 @@ async def serve(args: argparse.Namespace) -> None:
     if admin is not None:
         await wait_healthy(args.register_with, args.connect_timeout, args.dial)
         await admin.register(address)
-        tasks.append(asyncio.ensure_future(admin.keep_registered(address, lambda: pairing.current(servicer))))
+        tasks.append(asyncio.ensure_future(admin.keep_registered(
+            address, lambda: pairing.current(servicer), lambda: servicer.dismissed)))
     try:
         done, _ = await asyncio.wait([*tasks, asyncio.ensure_future(served.server.wait_for_termination())],
                                      return_when=asyncio.FIRST_COMPLETED)

@@ -110,16 +110,20 @@ class PoolAdmin:
             await asyncio.sleep(delay * (1 + random.random() / 4))
             delay = min(delay * 2, 10.0)
 
-    async def keep_registered(self, address: str, paired: Callable[[], Awaitable[bool]]) -> None:
+    async def keep_registered(self, address: str, paired: Callable[[], Awaitable[bool]],
+                              dismissed: Callable[[], bool]) -> None:
         """Rejoin whenever the pool no longer lists this drafter, once `paired()` says its
         pairing is with the verifier that serves now (the gateway drops drafters of a
-        verifier that restarted; rejoining before pairing anew would name a stranger)."""
+        verifier that restarted; rejoining before pairing anew would name a stranger), and
+        never once the pool dismissed it (an operator deregistered it)."""
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
                 status = await self.stub.List(generation_pb2.ListDraftersRequest(), timeout=CALL_TIMEOUT_S)
             except grpc.aio.AioRpcError:
                 continue                    # the gateway is away: ask again later
+            if dismissed():
+                continue                    # still serving, for whatever calls it yet
             if not any(d.address == address for d in status.drafters) and await paired():
                 logger.warning("no longer in the drafter pool at %s: joining again", self.admin)
                 await self.register(address)

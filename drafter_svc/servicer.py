@@ -34,6 +34,7 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self.instance_id = uuid.uuid4().hex
         self.sender = sender
         self.send_failed = False        # the pairing broke: the keep-alive pairs again
+        self.dismissed = False          # deregistered from the pool: do not rejoin by itself
         self.data_plane = data_plane
         self.model_name = model_name
         self.probs_dtype = probs_dtype
@@ -52,6 +53,9 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
 
     def _step(self, request: engine_pb2.DraftStepRequest) -> engine_pb2.DraftStepResponse:
+        if request.dismiss and not self.dismissed:
+            logger.warning("deregistered from the drafter pool: not rejoining until restarted")
+            self.dismissed = True
         if request.reset:
             self.drafter.remove_all()
         check_draft_step(request, self.drafter)

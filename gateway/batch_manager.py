@@ -134,7 +134,8 @@ class BatchManager:
 
     def remove_drafter(self, address: str, graceful: bool = True) -> DrafterHandle | None:
         """The drafter leaves (or died): its requests are re-homed at their next draft step.
-        A graceful leave also frees their draft KV there, in case the drafter stays up."""
+        A graceful leave (deregistered) also frees their draft KV there, in case the drafter
+        stays up, and dismisses it: it does not rejoin by itself. One that failed rejoins."""
         drafter = self.pool.remove(address) if self.pool else None
         if drafter is None:
             return None
@@ -149,7 +150,7 @@ class BatchManager:
     async def _close_drafter(self, drafter: DrafterHandle, graceful: bool) -> None:
         try:
             if graceful:
-                await self.calls.flush_drafter_frees(drafter, LEAVE_FREE_TIMEOUT_S)
+                await self.calls.flush_drafter_frees(drafter, LEAVE_FREE_TIMEOUT_S, dismiss=True)
         except Exception as err:                # noqa: BLE001 - it is leaving anyway
             logger.info("drafter %s left before its requests were freed: %s", drafter.address, err)
         finally:

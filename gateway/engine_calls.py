@@ -169,11 +169,14 @@ class EngineCalls:
                                                                           finished=finished),
                                              timeout=self.deadlines.floor_s), "free on the verifier")
 
-    async def flush_drafter_frees(self, drafter: DrafterHandle, timeout_s: float | None = None) -> None:
-        """Free finished requests' draft KV on one drafter now."""
-        if drafter.pending_frees or drafter.needs_reset:
+    async def flush_drafter_frees(self, drafter: DrafterHandle, timeout_s: float | None = None,
+                                  dismiss: bool = False) -> None:
+        """Free finished requests' draft KV on one drafter now; dismiss: and tell it that it
+        left the pool for good (an operator deregistered it)."""
+        if drafter.pending_frees or drafter.needs_reset or dismiss:
             finished, drafter.pending_frees = drafter.pending_frees, []
             reset, drafter.needs_reset = drafter.needs_reset, False
             await guarded(drafter.stub.Step(
-                engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, reset=reset),
+                engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, reset=reset,
+                                            dismiss=dismiss),
                 timeout=timeout_s or self.deadlines.floor_s), f"free on {drafter.address}")

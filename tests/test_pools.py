@@ -4,6 +4,7 @@ mid-run takes new requests, and a drafter killed mid-run loses nothing."""
 from __future__ import annotations
 
 import threading
+import time
 from functools import partial
 
 import grpc
@@ -11,6 +12,7 @@ import pytest
 
 from cluster_helpers import MAX_TOKENS, assert_blocks_returned, generate_all, request, stub
 from concurrency import run_concurrently
+from drafter_svc.membership import CHECK_INTERVAL_S
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.llm import LLM
@@ -87,6 +89,8 @@ def test_drafter_added_mid_run_takes_new_requests(prompts, reference):
         assert address not in _pool(cluster)
         again = generate_all(cluster, [request(p) for p in prompts[:4]])
         _assert_reference(llm, prompts[:4], expected[:4], again, MAX_TOKENS)
+        time.sleep(CHECK_INTERVAL_S + 1)       # a dismissed drafter does not rejoin by itself
+        assert address not in _pool(cluster)
         with pytest.raises(grpc.RpcError) as err:
             admin.Deregister(generation_pb2.DrafterEndpoint(address=address), timeout=10)
         assert err.value.code() == grpc.StatusCode.NOT_FOUND and "address" in err.value.details()

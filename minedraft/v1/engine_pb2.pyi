@@ -36,20 +36,22 @@ class DraftItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset")
+    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset", "dismiss")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
+    DISMISS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     updates: _containers.RepeatedCompositeFieldContainer[TokenDiff]
     finished: _containers.RepeatedScalarFieldContainer[str]
     items: _containers.RepeatedCompositeFieldContainer[DraftItem]
     reset: bool
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ...) -> None: ...
+    dismiss: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
     __slots__ = ("step_id", "busy_s", "sent_bytes", "with_probs")
