@@ -44,9 +44,11 @@ class Admission:
             return None
         if place_on_drafter:
             drafter = self.choose_drafter(need)
-            if drafter is None:             # every drafter is full: wait for one to drain
+            if drafter is not None:
+                self.assign(req, drafter)
+            elif self._fits_some_drafter(need):     # every drafter is full: wait for one to drain
                 return None
-            self.assign(req, drafter)
+            # else no drafter could ever hold it: it runs at k = 0 rather than block the queue
         self.waiting.popleft()
         self._reserved[req.request_id] = need
         return req
@@ -59,6 +61,9 @@ class Admission:
         if not fits:
             return None
         return min(fits, key=lambda h: (len(h.request_ids), h.reserved_blocks))
+
+    def _fits_some_drafter(self, need_blocks: int) -> bool:
+        return self.pool is not None and any(need_blocks <= h.num_blocks for h in self.pool.drafters.values())
 
     def place(self, req: ActiveRequest) -> None:
         """Give a request without a drafter one, if any has room (it drafts from its next step)."""

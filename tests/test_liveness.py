@@ -163,3 +163,18 @@ def test_a_batch_manager_that_stops_is_fatal_and_turns_health_not_serving():
         return served.serving
 
     assert asyncio.run(scenario()) == [False]
+
+
+def test_a_request_no_drafter_could_hold_runs_at_k0_instead_of_blocking_the_queue():
+    async def scenario() -> None:
+        pool = DrafterPool(engine_pb2.EngineInfo())
+        small = DrafterHandle("d:1", "id", "m", 2, ClosableChannel(), ClosedChannelDrafter())   # 2 blocks
+        pool.drafters[small.address] = small
+        manager = BatchManager(_config(), FakeVerifier(), pool)
+        big, tiny = _request("big", max_tokens=100), _request("tiny", max_tokens=1)
+        manager.submit(big)
+        manager.submit(tiny)
+        assert not manager.admission.waiting                  # neither waits behind the other
+        assert big.drafter is None and tiny.drafter is small
+
+    asyncio.run(scenario())
