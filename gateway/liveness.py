@@ -2,9 +2,9 @@
 Batch Manager's own task, and its health says SERVING only while both are well.
 
 - The verifier is probed every `interval_s`. After `misses` probes in a row without a
-  SERVING answer it counts as down: health turns NOT_SERVING, every request in flight ends
-  with UNAVAILABLE (its state on the verifier is gone or unreachable) and new requests are
-  refused with UNAVAILABLE. Once it answers again, health returns to SERVING by itself.
+  SERVING answer (3, each allowed 2 s) it counts as down: health turns NOT_SERVING, every
+  request in flight ends with UNAVAILABLE (its state on the verifier is gone or unreachable)
+  and new requests are refused with UNAVAILABLE. Once it answers again, health returns to SERVING by itself.
   A verifier that restarted between two probes is recognised by its new instance id and
   treated the same way. Drafters leave the pool until they have paired with the new
   verifier (on their own) and rejoined it.
@@ -30,12 +30,13 @@ logger = logging.getLogger("minedraft.gateway")
 
 class VerifierWatch:
     def __init__(self, manager: BatchManager, channel: grpc.aio.Channel, served: Served, instance_id: str,
-                 interval_s: float = 1.0, misses: int = 2) -> None:
+                 interval_s: float = 1.0, misses: int = 3, probe_timeout_s: float = 2.0) -> None:
         self.manager, self.served = manager, served
         self.health = health_pb2_grpc.HealthStub(channel)
         self.verifier = engine_pb2_grpc.VerifierStub(channel)
         self.instance_id = instance_id
-        self.interval_s, self.misses = interval_s, misses
+        # A busy host may answer a probe late now and then: only `misses` in a row count.
+        self.interval_s, self.misses, self.probe_timeout_s = interval_s, misses, probe_timeout_s
         self.up = True
 
     async def run(self) -> None:
@@ -59,7 +60,7 @@ class VerifierWatch:
 
     async def _probe(self) -> str | None:
         """The verifier's instance id if it is SERVING, else None."""
-        timeout = max(self.interval_s, 1.0)
+        timeout = self.probe_timeout_s
         try:
             reply = await self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
             if reply.status != health_pb2.HealthCheckResponse.SERVING:
