@@ -118,9 +118,12 @@ def test_full_queue_answers_resource_exhausted_at_once(cluster, stub):
     calls = [stub.Generate.future(generation_pb2.GenerateRequest(
         prompt="def f(x):", sampling=generation_pb2.SamplingOptions(max_tokens=300, ignore_eos=True)), timeout=120)
         for _ in range(12)]
-    time.sleep(0.5)
-    start = time.monotonic()
-    error = _refused(lambda: _generate(stub, max_tokens=4))
+    deadline = time.monotonic() + 30            # until the 12 have reached the queue (slow hosts)
+    while True:
+        start = time.monotonic()
+        error = _refused(lambda: _generate(stub, max_tokens=4, timeout=5))
+        if error.code() != grpc.StatusCode.DEADLINE_EXCEEDED or time.monotonic() > deadline:
+            break
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "waiting" in error.details()
     assert time.monotonic() - start < 2.0
     for call in calls:
@@ -130,13 +133,17 @@ def test_full_queue_answers_resource_exhausted_at_once(cluster, stub):
 def test_abandoned_streams_free_everything(cluster, stub):
     """Hundreds of streams opened and dropped after their first token: every request's state
     and KV returns on every service."""
+    _assert_idle(cluster)                       # the tests before may have left cancelled calls
     for _ in range(10):
+        # 8 at a time fills both batches; each round waits until the last one's requests are
+        # gone from every service, so the fixture's small queue (4) never refuses one.
         streams = [stub.GenerateStream(generation_pb2.GenerateRequest(
             prompt="class Stack:", sampling=generation_pb2.SamplingOptions(max_tokens=200, ignore_eos=True)),
             timeout=60) for _ in range(8)]
         for stream in streams:
             next(stream)
             stream.cancel()
+        _assert_idle(cluster)
     assert len(_generate(stub, max_tokens=4).token_ids) == 4
     _assert_idle(cluster)
 
