@@ -1,0 +1,107 @@
+"""Auto mode's chooser and cost model by hand: the plans an engineer would pick in the clear
+cases, and fits that recover the costs they were given."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gateway.cost_model import CostModel, LinearFit, StepCosts
+from gateway.planner import PlanRequest, choose_plan
+
+K_MAX = 8
+
+
+def _reach(p: float) -> tuple[float, ...]:
+    """Every draft accepted with probability p given the ones before it."""
+    return tuple(p ** j for j in range(1, K_MAX + 1))
+
+
+def _requests(n: int, p: float, max_draft: int = K_MAX) -> list[PlanRequest]:
+    return [PlanRequest(f"r{i}", _reach(p), max_draft) for i in range(n)]
+
+
+def test_cheap_overlappable_drafting_and_high_acceptance_give_psd_with_long_drafts():
+    """Verifying a token costs little next to a step's fixed cost, but the cost still grows
+    with the batch, and a draft forward fits inside a verify: two half batches overlap
+    drafting with verification and long drafts pay. (With a verifier whose step costs the
+    same for any batch two batches only pay its fixed cost twice, see the one-batch case;
+    with verification as dear per token as on this CPU, short drafts win.)"""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    plan = choose_plan(costs, _requests(8, 0.95), K_MAX)
+    assert plan.layout == "psd"
+    assert set(plan.draft_lengths.values()) == {K_MAX}
+    assert sorted(len(batch) for batch in plan.batches) == [4, 4]
+    assert plan.tokens_per_s > plan.considered["sd"] > plan.considered["ar"]
+
+
+def test_zero_acceptance_gives_no_drafts():
+    costs = StepCosts(1e-3, 1e-5, 0.0, 10e-3, 1e-4, 2e-4)
+    plan = choose_plan(costs, _requests(8, 0.0), K_MAX)
+    assert plan.layout == "ar" and set(plan.draft_lengths.values()) == {0}
+
+
+def test_free_verifier_batching_and_expensive_drafting_give_one_batch():
+    """A verifier whose step costs the same for any batch and a drafter as slow as it: two
+    batches would pay the verifier's fixed cost twice for drafting that cannot hide."""
+    costs = StepCosts(draft_per_forward=15e-3, draft_per_token=1e-4, draft_fixed=0.0,
+                      verify_fixed=20e-3, verify_per_token=0.0, gateway_per_step=2e-4)
+    plan = choose_plan(costs, _requests(8, 0.9), K_MAX)
+    assert plan.layout in ("ar", "sd") and len(plan.batches) == 1
+
+
+def test_speculation_off_always_gets_zero():
+    costs = StepCosts(2e-3, 1e-5, 0.0, 20e-3, 1e-5, 2e-4)
+    requests = _requests(6, 0.95) + [PlanRequest("off", _reach(0.95), 0), PlanRequest("two", _reach(0.95), 2)]
+    plan = choose_plan(costs, requests, K_MAX)
+    assert plan.draft_lengths["off"] == 0 and plan.draft_lengths["two"] <= 2
+    assert max(plan.draft_lengths.values()) > 2
+
+
+def test_requests_that_draft_badly_draft_less_than_those_that_draft_well():
+    """Per-request k: the well-predicted half drafts long, the badly predicted half short."""
+    costs = StepCosts(2e-3, 5e-4, 0.0, 10e-3, 5e-4, 2e-4)
+    requests = _requests(4, 0.95) + [PlanRequest(f"bad{i}", _reach(0.2), K_MAX) for i in range(4)]
+    plan = choose_plan(costs, requests, K_MAX)
+    good = [plan.draft_lengths[f"r{i}"] for i in range(4)]
+    bad = [plan.draft_lengths[f"bad{i}"] for i in range(4)]
+    assert min(good) > max(bad)
+
+
+def test_cost_model_recovers_the_costs_it_measured():
+    truth = StepCosts(2e-3, 3e-4, 1e-3, 8e-3, 4e-4, 5e-4)
+    model = CostModel()
+    rng = random.Random(0)
+    for _ in range(200):
+        ks = [rng.randint(1, 6) for _ in range(rng.randint(1, 16))]
+        noise = 1 + rng.uniform(-0.02, 0.02)
+        model.observe_draft(ks, truth.draft(ks) * noise)
+        model.observe_verify(ks, truth.verify(ks) * noise)
+        model.observe_gateway(wall_s=0.02 + truth.gateway_per_step, busy_s=0.02)
+    fitted = model.costs()
+    for name in ("draft_per_forward", "draft_per_token", "verify_fixed", "verify_per_token", "gateway_per_step"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.1), name
+
+
+def test_linear_fit_falls_back_on_its_prior_without_data_and_checks_its_input():
+    fit = LinearFit(prior=(1.0, 2.0))
+    assert fit.predict((1.0, 1.0)) == pytest.approx(3.0)
+    with pytest.raises(ValueError):
+        fit.observe((1.0,), 2.0)
+
+
+def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    estimate = AcceptanceEstimate(k_max=4, prior_strength=4.0)
+    assert estimate.reach(AcceptanceStats()) == pytest.approx((0.5, 0.25, 0.125, 0.0625))   # nothing seen yet
+    good, bad = AcceptanceStats(), AcceptanceStats()
+    for _ in range(20):
+        estimate.record(good, 4, 4)             # every draft accepted
+        estimate.record(bad, 4, 0)              # none
+    newcomer = estimate.reach(AcceptanceStats())
+    assert newcomer == pytest.approx((0.5, 0.5, 0.5, 0.5))       # the pool: half the steps took all four
+    assert estimate.reach(good)[3] > 0.9 > newcomer[3] > 0.1 > estimate.reach(bad)[0]
