@@ -32,24 +32,22 @@ def generate_all(cluster: Cluster, requests: list[generation_pb2.GenerateRequest
     return run_concurrently([lambda r=r: channel_stub.Generate(r, timeout=300) for r in requests], concurrency)
 
 
-def free_blocks(cluster: Cluster, dead_drafters: tuple[str, ...] = ()) -> dict[str, tuple[int, int]]:
-    counts = {}
+def service_infos(cluster: Cluster, drafters: list[str] | None = None) -> dict[str, engine_pb2.EngineInfo]:
+    """GetInfo of the verifier and of `drafters` (default: every drafter the cluster started)."""
     services = [("verifier", cluster.verifier_address, engine_pb2_grpc.VerifierStub)]
-    services += [(f"drafter {a}", a, engine_pb2_grpc.DrafterStub) for a in cluster.drafter_addresses
-                 if a not in dead_drafters]
-    for name, address, stub_cls in services:
-        if address:
-            info = stub_cls(grpc.insecure_channel(address)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
-            counts[name] = (info.free_blocks, info.num_blocks)
-    return counts
+    services += [(f"drafter {a}", a, engine_pb2_grpc.DrafterStub)
+                 for a in (cluster.drafter_addresses if drafters is None else drafters)]
+    return {name: stub_cls(grpc.insecure_channel(address)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
+            for name, address, stub_cls in services}
 
 
-def assert_blocks_returned(cluster: Cluster, dead_drafters: tuple[str, ...] = ()) -> None:
-    """Every live service's KV blocks are back at their free count."""
-    deadline = time.monotonic() + 10
+def assert_idle(cluster: Cluster, drafters: list[str] | None = None, timeout_s: float = 20.0) -> None:
+    """No request state left and every KV block free on the verifier and `drafters` (default:
+    every drafter the cluster started; pass the live ones after a kill), within timeout_s."""
+    deadline = time.monotonic() + timeout_s
     while True:
-        counts = free_blocks(cluster, dead_drafters)
-        if all(free == total for free, total in counts.values()) or time.monotonic() > deadline:
-            break
+        infos = service_infos(cluster, drafters)
+        if all(i.num_requests == 0 and i.free_blocks == i.num_blocks for i in infos.values()):
+            return
+        assert time.monotonic() < deadline, {n: (i.num_requests, i.free_blocks, i.num_blocks) for n, i in infos.items()}
         time.sleep(0.2)
-    assert all(free == total for free, total in counts.values()), counts

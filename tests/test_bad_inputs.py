@@ -9,6 +9,7 @@ import time
 import grpc
 import pytest
 
+from cluster_helpers import assert_idle
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.sampling_params import MAX_STOP_LENGTH, MAX_STOP_STRINGS
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
@@ -133,7 +134,7 @@ def test_full_queue_answers_resource_exhausted_at_once(cluster, stub):
 def test_abandoned_streams_free_everything(cluster, stub):
     """Hundreds of streams opened and dropped after their first token: every request's state
     and KV returns on every service."""
-    _assert_idle(cluster)                       # the tests before may have left cancelled calls
+    assert_idle(cluster)                       # the tests before may have left cancelled calls
     for _ in range(10):
         # 8 at a time fills both batches; each round waits until the last one's requests are
         # gone from every service, so the fixture's small queue (4) never refuses one.
@@ -143,23 +144,10 @@ def test_abandoned_streams_free_everything(cluster, stub):
         for stream in streams:
             next(stream)
             stream.cancel()
-        _assert_idle(cluster)
+        assert_idle(cluster)
     assert len(_generate(stub, max_tokens=4).token_ids) == 4
-    _assert_idle(cluster)
+    assert_idle(cluster)
 
-
-def _assert_idle(cluster, timeout_s: float = 20.0) -> None:
-    """No request state and every KV block free on the verifier and each drafter."""
-    deadline = time.monotonic() + timeout_s
-    services = [(cluster.verifier_address, engine_pb2_grpc.VerifierStub)]
-    services += [(address, engine_pb2_grpc.DrafterStub) for address in cluster.drafter_addresses]
-    while True:
-        infos = [stub_cls(grpc.insecure_channel(address)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
-                 for address, stub_cls in services]
-        if all(i.num_requests == 0 and i.free_blocks == i.num_blocks for i in infos):
-            return
-        assert time.monotonic() < deadline, [(i.num_requests, i.free_blocks, i.num_blocks) for i in infos]
-        time.sleep(0.2)
 
 
 # ---- the internal services, called directly (as a hostile client on their port would) -----
@@ -204,7 +192,7 @@ def test_internal_duplicate_prefill_and_foreign_tokens_change_nothing(cluster):
         foreign = _refused(lambda: stub.Step(message(step_id=next(STEP_ID), new_requests=[_new("y", [1, VOCAB])]),
                                              timeout=10))
         assert foreign.code() == INVALID and "vocabulary" in foreign.details()
-    _assert_idle(cluster)                       # neither refused step left anything behind
+    assert_idle(cluster)                       # neither refused step left anything behind
 
 
 def test_pairing_cannot_be_taken_over(cluster):

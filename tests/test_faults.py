@@ -14,7 +14,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
-from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+from minedraft.v1 import generation_pb2, generation_pb2_grpc
+from cluster_helpers import assert_idle
 from concurrency import run_concurrently
 from reference import assert_matches_reference, greedy_reference
 
@@ -78,18 +79,6 @@ def _health(address: str) -> int:
         return -1
 
 
-def _assert_idle(cluster: Cluster, drafters: list[str] | None = None) -> None:
-    """No request state and all KV free on the verifier and the drafters (default: the pool's)."""
-    services = [(cluster.verifier_address, engine_pb2_grpc.VerifierStub)]
-    services += [(a, engine_pb2_grpc.DrafterStub) for a in (_pool(cluster) if drafters is None else drafters)]
-
-    def idle() -> bool:
-        infos = [cls(grpc.insecure_channel(a)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
-                 for a, cls in services]
-        return all(i.num_requests == 0 and i.free_blocks == i.num_blocks for i in infos)
-
-    _wait_for(idle, 20, "every service to hold no request and free all KV")
-
 
 def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
     """SIGTERM to a registered drafter (as compose scales down), alternately while the gateway
@@ -107,7 +96,7 @@ def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
             cluster.add_drafter(name)
         results = _generate_all(cluster)
         assert sum(r.stats.num_drafted for r in results) > 0        # the last replica drafts
-        _assert_idle(cluster)
+        assert_idle(cluster, _pool(cluster))
         assert cluster.dead() == []
 
 
@@ -123,7 +112,7 @@ def test_drafter_killed_under_load_rejoins_and_drafts_again(reference):
         admin = generation_pb2_grpc.DrafterPoolStub(grpc.insecure_channel(cluster.admin_address))
         status = {d.address: d for d in admin.List(generation_pb2.ListDraftersRequest(), timeout=10).drafters}
         assert status[address].requests_assigned > 0
-        _assert_idle(cluster)
+        assert_idle(cluster, _pool(cluster))
 
 
 def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference):
@@ -140,7 +129,7 @@ def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference):
         results = _generate_all(cluster)
         _check(reference, results, "after SIGCONT")
         assert sum(r.stats.num_drafted for r in results) > 0
-        _assert_idle(cluster)
+        assert_idle(cluster, _pool(cluster))
 
 
 def test_verifier_killed_and_restarted(reference):
@@ -181,4 +170,4 @@ def test_gateway_sigterm_drains_in_flight_requests(reference):
         results = _generate_all(cluster, during=lambda: cluster.send_signal("gateway", signal.SIGTERM))
         _check(reference, results, "drained")
         assert cluster.procs["gateway"].wait(30) == 0
-        _assert_idle(cluster, cluster.drafter_addresses)
+        assert_idle(cluster, cluster.drafter_addresses)

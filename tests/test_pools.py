@@ -10,7 +10,7 @@ from functools import partial
 import grpc
 import pytest
 
-from cluster_helpers import MAX_TOKENS, assert_blocks_returned, generate_all, request, stub
+from cluster_helpers import MAX_TOKENS, assert_idle, generate_all, request, stub
 from concurrency import run_concurrently
 from drafter_svc.membership import CHECK_INTERVAL_S
 from minedraft import bundled
@@ -68,7 +68,7 @@ def test_two_drafters_share_requests_and_match_reference(prompts, reference, mod
         assert sorted(assigned) == sorted(cluster.drafter_addresses)
         assert all(n >= 4 for n in assigned.values()), assigned        # least-loaded placement spreads them
         assert sum(r.stats.num_accepted for r in responses) > 0
-        assert_blocks_returned(cluster)
+        assert_idle(cluster)
 
 
 def test_drafter_added_mid_run_takes_new_requests(prompts, reference):
@@ -82,7 +82,7 @@ def test_drafter_added_mid_run_takes_new_requests(prompts, reference):
         _assert_reference(llm, prompts, expected, responses, MAX_TOKENS)
         pool = _pool(cluster)
         assert pool[address].requests_assigned > 0, pool
-        assert_blocks_returned(cluster)
+        assert_idle(cluster)
         # A drafter that leaves the pool gracefully takes no more requests; the rest go on.
         admin = _admin(cluster)
         admin.Deregister(generation_pb2.DrafterEndpoint(address=address), timeout=10)
@@ -147,5 +147,5 @@ def test_killed_drafters_lose_nothing(prompts, reference):
         after = generate_all(cluster, [request(p, max_tokens=8) for p in prompts[:2]])
         _assert_reference(llm, prompts[:2], expected[:2], after, 8)
         assert all(r.stats.num_drafted == 0 for r in after)
-        assert_blocks_returned(cluster, dead_drafters=tuple(cluster.drafter_addresses))
+        assert_idle(cluster, drafters=[])
         assert not cluster.dead()

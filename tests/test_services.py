@@ -9,7 +9,7 @@ from functools import partial
 import grpc
 import pytest
 
-from cluster_helpers import MAX_TOKENS, assert_blocks_returned, generate_all, request, stub
+from cluster_helpers import MAX_TOKENS, assert_idle, generate_all, request, stub
 from concurrency import run_concurrently
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
@@ -55,7 +55,7 @@ def test_greedy_output_equals_reference(clusters, prompts, reference, mode, k):
     assert_matches_reference(llm, prompts, expected, [list(r.token_ids) for r in responses], f"{mode} k={k}")
     if mode != "ar":
         assert sum(r.stats.num_accepted for r in responses) > 0
-    assert_blocks_returned(cluster)
+    assert_idle(cluster)
 
 
 def test_seeded_sampling_same_in_repeats_and_modes(clusters, prompts):
@@ -107,7 +107,7 @@ def test_odd_patterns_complete_and_free_blocks(clusters, prompts, reference):
                                + [partial(cancel_mid_stream, i) for i in (12, 13, 14)])
     for i, n in enumerate(lengths):
         assert results[i] == expected[i][:n], f"request {i}"
-    assert_blocks_returned(cluster)
+    assert_idle(cluster)
 
 
 def test_bad_input_is_rejected_and_service_keeps_serving(clusters, prompts, reference):

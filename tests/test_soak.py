@@ -17,8 +17,9 @@ import time
 import grpc
 
 from minedraft import bundled
+from cluster_helpers import assert_idle
 from minedraft.launcher import Cluster, ServeConfig
-from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
+from minedraft.v1 import generation_pb2, generation_pb2_grpc
 from reference import greedy_reference
 
 NUM_REQUESTS = int(os.environ.get("MINEDRAFT_SOAK_REQUESTS", "240"))
@@ -91,15 +92,6 @@ def test_soak_normal_bad_cancelled_and_a_drafter_kill():
         diverged = [p for k, p, tokens, *_ in results if k == "normal" and tokens != reference[p]]
         assert len(diverged) <= 1, diverged
         assert outcomes["cancelled"] > NUM_REQUESTS // 8
-        services = [(cluster.verifier_address, engine_pb2_grpc.VerifierStub),
-                    (cluster.drafter_addresses[0], engine_pb2_grpc.DrafterStub)]
-        deadline = time.monotonic() + 30
-        while True:
-            infos = [cls(grpc.insecure_channel(a)).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10)
-                     for a, cls in services]
-            if all(i.num_requests == 0 and i.free_blocks == i.num_blocks for i in infos):
-                break
-            assert time.monotonic() < deadline, [(i.num_requests, i.free_blocks, i.num_blocks) for i in infos]
-            time.sleep(0.2)
+        assert_idle(cluster, drafters=[cluster.drafter_addresses[0]], timeout_s=30)
         assert cluster.dead() == []                      # nothing died but the killed drafter
         assert cluster.procs["drafter-1"].returncode == -signal.SIGKILL

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from cluster_helpers import MAX_TOKENS, assert_blocks_returned, generate_all, request, stub
+from cluster_helpers import MAX_TOKENS, assert_idle, generate_all, request, stub
 from minedraft import bundled
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
@@ -46,7 +46,7 @@ def test_tp2_greedy_equals_tp1(prompts, reference, mode, k):
         assert_matches_reference(llm, prompts, expected, [list(r.token_ids) for r in responses], f"tp2 {mode}")
         if mode != "ar":
             assert sum(r.stats.num_accepted for r in responses) > 0
-        assert_blocks_returned(cluster)
+        assert_idle(cluster)
         seeded = [request(p, temperature=1.0, seed=7 + i, max_tokens=12) for i, p in enumerate(prompts[:4])]
         first = [list(r.token_ids) for r in generate_all(cluster, seeded)]
         assert first == [list(r.token_ids) for r in generate_all(cluster, seeded, concurrency=2)]
