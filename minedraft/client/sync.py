@@ -103,7 +103,8 @@ class Client(ClientBase):
         return [message_to_dict(step) for step in stats.steps]
 
     def drafters(self, timeout: Timeout = CLIENT_TIMEOUT) -> list[DrafterInfo]:
-        """The gateway's drafter pool (empty in ar mode)."""
+        """The gateway's drafter pool (empty in ar mode). The pool calls are served on the
+        gateway's admin address (--admin-port), not its public one: point this client there."""
         pool = self._unary(self._pool.List, generation_pb2.ListDraftersRequest(), timeout)
         return drafters_from_proto(pool)
 
