@@ -2,7 +2,7 @@
 that the services wrap. Used by tests as the reference and by baseline benchmarks.
 
 Modes: `ar` (target alone) and `sd` (sequential speculative decoding: draft every running
-request, then verify them all). The batch-parallel mode lives in the gateway's scheduler.
+request, then verify them all). The batch-parallel mode lives in the gateway's Batch Manager.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Randomness is keyed by (seed, position, stream) rather than drawn from one shared
 generator, so a request's tokens do not depend on which other requests share its batch
-or on how the scheduler split its work into steps.
+or on how the Batch Manager split its work into steps.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ MAX_STOP_LENGTH = 256       # characters; each step scans the new text for every
 class SamplingParams:
     """How one request samples its tokens.
 
-    Frozen so the scheduler, the runner and the sampler all see the same settings for
+    Frozen so the Batch Manager, the runner and the sampler all see the same settings for
     the life of a request; a change means a new request.
     """
 
