@@ -147,11 +147,10 @@ class StepExecutor:
     # ---- every rank ----------------------------------------------------------------------
     def execute(self, request: engine_pb2.VerifyStepRequest, token_ids: torch.Tensor | None,
                 probs: torch.Tensor | None) -> engine_pb2.VerifyStepResponse:
-        """Apply frees and new requests, then verify the resolved items. A step that names
-        an unknown request, repeats a known one or carries out-of-vocabulary tokens is
-        refused whole, before anything changes (on every rank alike)."""
+        """Apply frees and new requests, then verify the resolved items. The driver checked
+        the step before anything changed (`lead`) and sends the other ranks only checked
+        steps: their request tables equal its own, so the check holds there too."""
         verifier = self.verifier
-        check_step(request, verifier)
         for rid in request.finished:
             verifier.remove_request(rid)
         for new in request.new_requests:
