@@ -42,11 +42,11 @@ class RequestTable:
             raise ValueError(f"new_requests: request {request_id!r} already exists")
         if not token_ids:
             raise ValueError(f"new_requests: request {request_id!r}: token_ids is empty")
-        self.check_tokens(token_ids, f"new_requests: request {request_id!r}")
         self._requests[request_id] = RequestState(list(token_ids), params, seed)
 
     def check_tokens(self, token_ids: list[int], where: str) -> None:
-        """Token ids from another process index the embedding: refuse any outside the vocabulary."""
+        """Token ids from another process index the embedding: refuse any outside the vocabulary.
+        Called once per step at the process boundary (StepCheck), not again on the way in."""
         vocab = self.runner.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
