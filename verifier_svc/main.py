@@ -25,7 +25,7 @@ from minedraft.service.flags import add_runner_args, runner_config
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
 from minedraft.service.runtime import configure_logging, run
-from minedraft.service.security import INTERNAL_TOKEN_ENV, SecurityError, ServerSecurity, add_server_args
+from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
 from minedraft.service.server import start_server
 
 logger = logging.getLogger("minedraft.verifier")
@@ -51,9 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     add_server_args(parser, public=False)
-    parser.add_argument("--internal-token-file", default="", metavar="FILE",
-                        help=f"the deployment's shared secret (default: ${INTERNAL_TOKEN_ENV}); "
-                             "callers must present it")
+    add_internal_token_arg(parser)
     args = parser.parse_args(argv)
     try:
         args.serving = ServerSecurity.from_args(args, internal=True)

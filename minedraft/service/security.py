@@ -220,6 +220,13 @@ def add_server_args(parser: argparse.ArgumentParser, *, public: bool) -> None:
                            help="serve a non-loopback address with neither TLS nor API keys")
 
 
+def add_internal_token_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--internal-token-file: for services that demand the deployment's token (and present it)."""
+    parser.add_argument("--internal-token-file", default="", metavar="FILE",
+                        help=f"the deployment's shared secret (default: ${INTERNAL_TOKEN_ENV}); "
+                             "services demand it of each other and present it")
+
+
 def add_dial_args(parser: argparse.ArgumentParser, *, internal: bool) -> None:
     """A client's TLS flags and its token: --api-key-file, or --internal-token-file (internal)."""
     group = parser.add_argument_group("TLS and authentication (dialing)")
@@ -228,9 +235,7 @@ def add_dial_args(parser: argparse.ArgumentParser, *, internal: bool) -> None:
     group.add_argument("--tls-client-cert", default="", metavar="FILE", help="PEM certificate to present (mTLS)")
     group.add_argument("--tls-client-key", default="", metavar="FILE", help="PEM private key of --tls-client-cert")
     if internal:
-        group.add_argument("--internal-token-file", default="", metavar="FILE",
-                           help=f"the deployment's shared secret (default: ${INTERNAL_TOKEN_ENV}); "
-                                "services demand it of each other and present it")
+        add_internal_token_arg(group)
     else:
         group.add_argument("--api-key-file", default="", metavar="FILE",
                            help=f"file holding the API key to send (default: ${API_KEY_ENV})")
