@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-# How the Batch Manager runs the services (see gateway/batch_manager.py).
-MODES = ("ar", "sd", "psd")
+# How the Batch Manager runs the services (see gateway/batch_manager.py): auto picks the
+# layout (one of LAYOUTS) and each request's draft length at every step from measured costs.
+LAYOUTS = ("ar", "sd", "psd")
+MODES = ("auto", *LAYOUTS)
 # What `minedraft bench` compares: the serving modes and sd with the drafter sharing the
 # verifier's cores, as standard speculative decoding runs.
 BENCH_MODES = ("ar", "sd", "sd-colocated", "psd")

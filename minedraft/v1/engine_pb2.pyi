@@ -88,20 +88,22 @@ class DraftSource(_message.Message):
     def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
 
 class VerifyStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "after_step_id")
+    __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "borrow_cpus", "after_step_id")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     SOURCES_FIELD_NUMBER: _ClassVar[int]
+    BORROW_CPUS_FIELD_NUMBER: _ClassVar[int]
     AFTER_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     finished: _containers.RepeatedScalarFieldContainer[str]
     items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
     sources: _containers.RepeatedCompositeFieldContainer[DraftSource]
+    borrow_cpus: bool
     after_step_id: int
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ..., after_step_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ..., borrow_cpus: _Optional[bool] = ..., after_step_id: _Optional[int] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_draft")
@@ -114,16 +116,18 @@ class VerifyResult(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class VerifyStepResponse(_message.Message):
-    __slots__ = ("step_id", "results", "busy_s", "recv_s")
+    __slots__ = ("step_id", "results", "busy_s", "recv_s", "borrowed")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     RECV_S_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
     busy_s: float
     recv_s: float
-    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ...) -> None: ...
+    borrowed: bool
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class DraftPayload(_message.Message):
     __slots__ = ("step_id", "drafter_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")

@@ -24,43 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dminedraft/v1/generation.proto\x12\x0cminedraft.v1\"\xae\x01\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x42\x07\n\x05_seed\"\x80\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xb1\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x1e\n\x16mean_acceptance_length\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\x12\x12\n\ndrafted_at\x18\x06 \x03(\r\x12\x13\n\x0b\x61\x63\x63\x65pted_at\x18\x07 \x03(\r\"\xa3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\xa9\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\x13\n\x11ServerInfoRequest\"\xa8\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\r\x12\x14\n\x0ctarget_model\x18\x04 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x14\n\x0cnum_drafters\x18\x07 \x01(\r\x12\x1c\n\x14synthetic_acceptance\x18\x08 \x01(\x02\"%\n\x10StepStatsRequest\x12\x11\n\tmax_steps\x18\x01 \x01(\r\"\xe0\x01\n\nStepRecord\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07start_s\x18\x03 \x01(\x01\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64raft_busy_s\x18\x05 \x01(\x01\x12\x15\n\rverify_busy_s\x18\x06 \x01(\x01\x12\x14\n\x0c\x64\x61ta_plane_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x61ta_plane_bytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_batch\x18\t \x01(\r\x12\x14\n\x0cverify_batch\x18\n \x01(\rJ\x04\x08\x0b\x10\x0cJ\x04\x08\x0c\x10\r\"4\n\tStepStats\x12\'\n\x05steps\x18\x01 \x03(\x0b\x32\x18.minedraft.v1.StepRecord\"\"\n\x0f\x44rafterEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x92\x01\n\rDrafterStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\ndrafter_id\x18\x02 \x01(\t\x12\x14\n\x0cnum_requests\x18\x03 \x01(\r\x12\x17\n\x0freserved_blocks\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x19\n\x11requests_assigned\x18\x06 \x01(\x04\"\x15\n\x13ListDraftersRequest\";\n\nPoolStatus\x12-\n\x08\x64rafters\x18\x01 \x03(\x0b\x32\x1b.minedraft.v1.DrafterStatus2\xde\x01\n\x0b\x44rafterPool\x12\x43\n\x08Register\x12\x1d.minedraft.v1.DrafterEndpoint\x1a\x18.minedraft.v1.PoolStatus\x12\x45\n\nDeregister\x12\x1d.minedraft.v1.DrafterEndpoint\x1a\x18.minedraft.v1.PoolStatus\x12\x43\n\x04List\x12!.minedraft.v1.ListDraftersRequest\x1a\x18.minedraft.v1.PoolStatus2\xc5\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.minedraft.v1.GenerateRequest\x1a\x1e.minedraft.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.minedraft.v1.GenerateRequest\x1a$.minedraft.v1.GenerateStreamResponse0\x01\x12J\n\rGetServerInfo\x12\x1f.minedraft.v1.ServerInfoRequest\x1a\x18.minedraft.v1.ServerInfo\x12G\n\x0cGetStepStats\x12\x1e.minedraft.v1.StepStatsRequest\x1a\x17.minedraft.v1.StepStatsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dminedraft/v1/generation.proto\x12\x0cminedraft.v1\"\xd4\x01\n\x0fSamplingOptions\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\x05\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x00\x88\x01\x01\x12\x16\n\tmax_draft\x18\t \x01(\rH\x01\x88\x01\x01\x42\x07\n\x05_seedB\x0c\n\n_max_draft\"\x80\x01\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x12\n\nrequest_id\x18\x04 \x01(\t\"\xb1\x01\n\x0f\x41\x63\x63\x65ptanceStats\x12\x11\n\tnum_steps\x18\x01 \x01(\r\x12\x13\n\x0bnum_drafted\x18\x02 \x01(\r\x12\x14\n\x0cnum_accepted\x18\x03 \x01(\r\x12\x1e\n\x16mean_acceptance_length\x18\x04 \x01(\x02\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x05 \x01(\x02\x12\x12\n\ndrafted_at\x18\x06 \x03(\r\x12\x13\n\x0b\x61\x63\x63\x65pted_at\x18\x07 \x03(\r\"\xa3\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\xa9\x01\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x15\n\rfinish_reason\x18\x04 \x01(\t\x12,\n\x05stats\x18\x05 \x01(\x0b\x32\x1d.minedraft.v1.AcceptanceStats\x12\x15\n\rprompt_tokens\x18\x06 \x01(\r\"\x13\n\x11ServerInfoRequest\"\xeb\x01\n\tCostModel\x12\x15\n\rdraft_fixed_s\x18\x01 \x01(\x01\x12\x1b\n\x13\x64raft_per_forward_s\x18\x02 \x01(\x01\x12\x19\n\x11\x64raft_per_token_s\x18\x03 \x01(\x01\x12\x16\n\x0everify_fixed_s\x18\x04 \x01(\x01\x12\x1a\n\x12verify_per_token_s\x18\x05 \x01(\x01\x12\x1a\n\x12gateway_per_call_s\x18\x06 \x01(\x01\x12\x13\n\x0b\x64raft_calls\x18\x07 \x01(\r\x12\x14\n\x0cverify_calls\x18\x08 \x01(\r\x12\x14\n\x0cmedian_error\x18\t \x01(\x01\"\x99\x02\n\x08\x41utoPlan\x12\x0e\n\x06layout\x18\x01 \x01(\t\x12\x15\n\rdraft_lengths\x18\x02 \x03(\r\x12\x1e\n\x16predicted_tokens_per_s\x18\x03 \x01(\x01\x12I\n\x13layout_tokens_per_s\x18\x04 \x03(\x0b\x32,.minedraft.v1.AutoPlan.LayoutTokensPerSEntry\x12\x18\n\x10\x61\x63\x63\x65ptance_reach\x18\x05 \x03(\x02\x12\x0f\n\x07replans\x18\x06 \x01(\x04\x12\x17\n\x0flayout_switches\x18\x07 \x01(\x04\x1a\x37\n\x15LayoutTokensPerSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xfb\x01\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x0c\n\x04mode\x18\x02 \x01(\t\x12\t\n\x01k\x18\x03 \x01(\r\x12\x14\n\x0ctarget_model\x18\x04 \x01(\t\x12\x13\n\x0b\x64raft_model\x18\x05 \x01(\t\x12\x11\n\tmax_batch\x18\x06 \x01(\r\x12\x14\n\x0cnum_drafters\x18\x07 \x01(\r\x12\x1c\n\x14synthetic_acceptance\x18\x08 \x01(\x02\x12+\n\ncost_model\x18\t \x01(\x0b\x32\x17.minedraft.v1.CostModel\x12$\n\x04plan\x18\n \x01(\x0b\x32\x16.minedraft.v1.AutoPlan\"%\n\x10StepStatsRequest\x12\x11\n\tmax_steps\x18\x01 \x01(\r\"\xa1\x02\n\nStepRecord\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07start_s\x18\x03 \x01(\x01\x12\x0e\n\x06wall_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x64raft_busy_s\x18\x05 \x01(\x01\x12\x15\n\rverify_busy_s\x18\x06 \x01(\x01\x12\x14\n\x0c\x64\x61ta_plane_s\x18\x07 \x01(\x01\x12\x18\n\x10\x64\x61ta_plane_bytes\x18\x08 \x01(\x04\x12\x13\n\x0b\x64raft_batch\x18\t \x01(\r\x12\x14\n\x0cverify_batch\x18\n \x01(\r\x12\x0e\n\x06layout\x18\r \x01(\t\x12\x15\n\rdraft_lengths\x18\x0e \x03(\r\x12\x18\n\x10predicted_busy_s\x18\x0f \x01(\x01J\x04\x08\x0b\x10\x0cJ\x04\x08\x0c\x10\r\"4\n\tStepStats\x12\'\n\x05steps\x18\x01 \x03(\x0b\x32\x18.minedraft.v1.StepRecord\"\"\n\x0f\x44rafterEndpoint\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x92\x01\n\rDrafterStatus\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x12\n\ndrafter_id\x18\x02 \x01(\t\x12\x14\n\x0cnum_requests\x18\x03 \x01(\r\x12\x17\n\x0freserved_blocks\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x19\n\x11requests_assigned\x18\x06 \x01(\x04\"\x15\n\x13ListDraftersRequest\";\n\nPoolStatus\x12-\n\x08\x64rafters\x18\x01 \x03(\x0b\x32\x1b.minedraft.v1.DrafterStatus2\xde\x01\n\x0b\x44rafterPool\x12\x43\n\x08Register\x12\x1d.minedraft.v1.DrafterEndpoint\x1a\x18.minedraft.v1.PoolStatus\x12\x45\n\nDeregister\x12\x1d.minedraft.v1.DrafterEndpoint\x1a\x18.minedraft.v1.PoolStatus\x12\x43\n\x04List\x12!.minedraft.v1.ListDraftersRequest\x1a\x18.minedraft.v1.PoolStatus2\xc5\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.minedraft.v1.GenerateRequest\x1a\x1e.minedraft.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.minedraft.v1.GenerateRequest\x1a$.minedraft.v1.GenerateStreamResponse0\x01\x12J\n\rGetServerInfo\x12\x1f.minedraft.v1.ServerInfoRequest\x1a\x18.minedraft.v1.ServerInfo\x12G\n\x0cGetStepStats\x12\x1e.minedraft.v1.StepStatsRequest\x1a\x17.minedraft.v1.StepStatsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'minedraft.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_AUTOPLAN_LAYOUTTOKENSPERSENTRY']._loaded_options = None
+  _globals['_AUTOPLAN_LAYOUTTOKENSPERSENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLINGOPTIONS']._serialized_start=48
-  _globals['_SAMPLINGOPTIONS']._serialized_end=222
-  _globals['_GENERATEREQUEST']._serialized_start=225
-  _globals['_GENERATEREQUEST']._serialized_end=353
-  _globals['_ACCEPTANCESTATS']._serialized_start=356
-  _globals['_ACCEPTANCESTATS']._serialized_end=533
-  _globals['_GENERATERESPONSE']._serialized_start=536
-  _globals['_GENERATERESPONSE']._serialized_end=699
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=702
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=871
-  _globals['_SERVERINFOREQUEST']._serialized_start=873
-  _globals['_SERVERINFOREQUEST']._serialized_end=892
-  _globals['_SERVERINFO']._serialized_start=895
-  _globals['_SERVERINFO']._serialized_end=1063
-  _globals['_STEPSTATSREQUEST']._serialized_start=1065
-  _globals['_STEPSTATSREQUEST']._serialized_end=1102
-  _globals['_STEPRECORD']._serialized_start=1105
-  _globals['_STEPRECORD']._serialized_end=1329
-  _globals['_STEPSTATS']._serialized_start=1331
-  _globals['_STEPSTATS']._serialized_end=1383
-  _globals['_DRAFTERENDPOINT']._serialized_start=1385
-  _globals['_DRAFTERENDPOINT']._serialized_end=1419
-  _globals['_DRAFTERSTATUS']._serialized_start=1422
-  _globals['_DRAFTERSTATUS']._serialized_end=1568
-  _globals['_LISTDRAFTERSREQUEST']._serialized_start=1570
-  _globals['_LISTDRAFTERSREQUEST']._serialized_end=1591
-  _globals['_POOLSTATUS']._serialized_start=1593
-  _globals['_POOLSTATUS']._serialized_end=1652
-  _globals['_DRAFTERPOOL']._serialized_start=1655
-  _globals['_DRAFTERPOOL']._serialized_end=1877
-  _globals['_GENERATION']._serialized_start=1880
-  _globals['_GENERATION']._serialized_end=2205
+  _globals['_SAMPLINGOPTIONS']._serialized_end=260
+  _globals['_GENERATEREQUEST']._serialized_start=263
+  _globals['_GENERATEREQUEST']._serialized_end=391
+  _globals['_ACCEPTANCESTATS']._serialized_start=394
+  _globals['_ACCEPTANCESTATS']._serialized_end=571
+  _globals['_GENERATERESPONSE']._serialized_start=574
+  _globals['_GENERATERESPONSE']._serialized_end=737
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=740
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=909
+  _globals['_SERVERINFOREQUEST']._serialized_start=911
+  _globals['_SERVERINFOREQUEST']._serialized_end=930
+  _globals['_COSTMODEL']._serialized_start=933
+  _globals['_COSTMODEL']._serialized_end=1168
+  _globals['_AUTOPLAN']._serialized_start=1171
+  _globals['_AUTOPLAN']._serialized_end=1452
+  _globals['_AUTOPLAN_LAYOUTTOKENSPERSENTRY']._serialized_start=1397
+  _globals['_AUTOPLAN_LAYOUTTOKENSPERSENTRY']._serialized_end=1452
+  _globals['_SERVERINFO']._serialized_start=1455
+  _globals['_SERVERINFO']._serialized_end=1706
+  _globals['_STEPSTATSREQUEST']._serialized_start=1708
+  _globals['_STEPSTATSREQUEST']._serialized_end=1745
+  _globals['_STEPRECORD']._serialized_start=1748
+  _globals['_STEPRECORD']._serialized_end=2037
+  _globals['_STEPSTATS']._serialized_start=2039
+  _globals['_STEPSTATS']._serialized_end=2091
+  _globals['_DRAFTERENDPOINT']._serialized_start=2093
+  _globals['_DRAFTERENDPOINT']._serialized_end=2127
+  _globals['_DRAFTERSTATUS']._serialized_start=2130
+  _globals['_DRAFTERSTATUS']._serialized_end=2276
+  _globals['_LISTDRAFTERSREQUEST']._serialized_start=2278
+  _globals['_LISTDRAFTERSREQUEST']._serialized_end=2299
+  _globals['_POOLSTATUS']._serialized_start=2301
+  _globals['_POOLSTATUS']._serialized_end=2360
+  _globals['_DRAFTERPOOL']._serialized_start=2363
+  _globals['_DRAFTERPOOL']._serialized_end=2585
+  _globals['_GENERATION']._serialized_start=2588
+  _globals['_GENERATION']._serialized_end=2913
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class SamplingOptions(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "seed")
+    __slots__ = ("temperature", "top_p", "top_k", "max_tokens", "stop_token_ids", "stop", "ignore_eos", "seed", "max_draft")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
@@ -16,6 +16,7 @@ class SamplingOptions(_message.Message):
     STOP_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    MAX_DRAFT_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
@@ -24,7 +25,8 @@ class SamplingOptions(_message.Message):
     stop: _containers.RepeatedScalarFieldContainer[str]
     ignore_eos: bool
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ...) -> None: ...
+    max_draft: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ..., ignore_eos: _Optional[bool] = ..., seed: _Optional[int] = ..., max_draft: _Optional[int] = ...) -> None: ...
 
 class GenerateRequest(_message.Message):
     __slots__ = ("prompt", "prompt_token_ids", "sampling", "request_id")
@@ -92,8 +94,55 @@ class ServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class CostModel(_message.Message):
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error")
+    DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_PER_CALL_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_CALLS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_CALLS_FIELD_NUMBER: _ClassVar[int]
+    MEDIAN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    draft_fixed_s: float
+    draft_per_forward_s: float
+    draft_per_token_s: float
+    verify_fixed_s: float
+    verify_per_token_s: float
+    gateway_per_call_s: float
+    draft_calls: int
+    verify_calls: int
+    median_error: float
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ...) -> None: ...
+
+class AutoPlan(_message.Message):
+    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches")
+    class LayoutTokensPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_REACH_FIELD_NUMBER: _ClassVar[int]
+    REPLANS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    layout: str
+    draft_lengths: _containers.RepeatedScalarFieldContainer[int]
+    predicted_tokens_per_s: float
+    layout_tokens_per_s: _containers.ScalarMap[str, float]
+    acceptance_reach: _containers.RepeatedScalarFieldContainer[float]
+    replans: int
+    layout_switches: int
+    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ...) -> None: ...
+
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance")
+    __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance", "cost_model", "plan")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     K_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +151,8 @@ class ServerInfo(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTERS_FIELD_NUMBER: _ClassVar[int]
     SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    COST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     version: str
     mode: str
     k: int
@@ -110,7 +161,9 @@ class ServerInfo(_message.Message):
     max_batch: int
     num_drafters: int
     synthetic_acceptance: float
-    def __init__(self, version: _Optional[str] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., max_batch: _Optional[int] = ..., num_drafters: _Optional[int] = ..., synthetic_acceptance: _Optional[float] = ...) -> None: ...
+    cost_model: CostModel
+    plan: AutoPlan
+    def __init__(self, version: _Optional[str] = ..., mode: _Optional[str] = ..., k: _Optional[int] = ..., target_model: _Optional[str] = ..., draft_model: _Optional[str] = ..., max_batch: _Optional[int] = ..., num_drafters: _Optional[int] = ..., synthetic_acceptance: _Optional[float] = ..., cost_model: _Optional[_Union[CostModel, _Mapping]] = ..., plan: _Optional[_Union[AutoPlan, _Mapping]] = ...) -> None: ...
 
 class StepStatsRequest(_message.Message):
     __slots__ = ("max_steps",)
@@ -119,7 +172,7 @@ class StepStatsRequest(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch")
+    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch", "layout", "draft_lengths", "predicted_busy_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_S_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +183,9 @@ class StepRecord(_message.Message):
     DATA_PLANE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DRAFT_BATCH_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BATCH_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_BUSY_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     kind: str
     start_s: float
@@ -140,7 +196,10 @@ class StepRecord(_message.Message):
     data_plane_bytes: int
     draft_batch: int
     verify_batch: int
-    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ...) -> None: ...
+    layout: str
+    draft_lengths: _containers.RepeatedScalarFieldContainer[int]
+    predicted_busy_s: float
+    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ..., layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_busy_s: _Optional[float] = ...) -> None: ...
 
 class StepStats(_message.Message):
     __slots__ = ("steps",)
