@@ -27,6 +27,10 @@ class Batch:
     drafted: list[DraftedItem] | None = None      # drafted, awaiting verification
     sources: list[engine_pb2.DraftSource] = field(default_factory=list)
     has_work: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its last step, for timing the next against the cost model (gateway/auto.py).
+    last_done: float | None = None                # when it ended (None: the batch idled since)
+    last_layout: str = ""
+    last_ks: list[int] = field(default_factory=list)
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]
@@ -39,11 +43,12 @@ class Batch:
 class BatchManagerConfig:
     mode: str
     k: int
-    max_batch: int              # m: requests per batch
+    max_batch: int              # requests per batch (m); in auto mode, running at once
     kv_blocks: int              # the verifier's KV cache, in blocks (each drafter's is its own)
     block_size: int
     step_timeout_s: float = 30.0    # the least deadline of a service call (see Deadlines)
     max_waiting: int = 1024         # requests queued beyond the batches; more are refused
+    auto_cycle_steps: int = 0       # tests only: auto mode rotates layouts every this many steps
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -54,6 +59,8 @@ class BatchManagerConfig:
             raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if not self.step_timeout_s > 0:
             raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.auto_cycle_steps < 0 or (self.auto_cycle_steps and self.mode != "auto"):
+            raise ValueError(f"auto_cycle_steps must be >= 0 and only in auto mode, got {self.auto_cycle_steps}")
         if self.max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {self.max_waiting}")
 

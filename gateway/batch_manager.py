@@ -1,6 +1,9 @@
 """The Batch Manager: decides what the drafter and verifier do, batch by batch.
 
 Modes:
+  auto picks one of the layouts below, and each request's draft length, at every step from
+       the costs it measures (gateway/auto.py); requests move between the batches only at
+       their batch's step boundary, when nothing of theirs is in flight.
   ar   one batch; every step is a verify step with no drafts (k = 0).
   sd   one batch; draft it, then verify it, strictly one after the other.
   psd  two batches of up to m requests, each its own pipeline (draft, verify, draft, ...).
@@ -30,7 +33,10 @@ from collections import deque
 
 import grpc
 
+import time
+
 from gateway.admission import Admission
+from gateway.auto import AutoPlanner
 from gateway.batch import Batch, BatchManagerConfig, DraftedItem, Overloaded
 from gateway.engine_calls import Deadlines, EngineCalls, call_status
 from gateway.failures import drafter_gone, verify_failure
@@ -51,15 +57,27 @@ class BatchManager:
         self.config = config
         self.pool = pool
         self.admission = Admission(config.kv_blocks, config.block_size, config.k, pool)
-        self.calls = EngineCalls(verifier, Deadlines(config.step_timeout_s))
+        # Measures costs and acceptance in every mode; plans only in auto.
+        self.planner = AutoPlanner(config.k, cycle_steps=config.auto_cycle_steps)
+        self.calls = EngineCalls(verifier, Deadlines(config.step_timeout_s), self.planner.model)
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
-        self.batches = [Batch(0), Batch(1)] if config.mode == "psd" else [Batch(0)]
+        self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
+        self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
 
     @property
     def step_records(self) -> deque:
         return self.calls.step_records
+
+    @property
+    def auto(self) -> bool:
+        return self.config.mode == "auto"
+
+    @property
+    def layout(self) -> str:
+        """How the batches run now: the mode, or in auto mode the plan's layout."""
+        return self.planner.plan.layout if self.auto else self.config.mode
 
     # ---- requests in and out -------------------------------------------------------------
     def submit(self, req: ActiveRequest) -> None:
@@ -87,13 +105,40 @@ class BatchManager:
         # With no drafter at all, requests run at k = 0 rather than wait for one to join.
         place_on_drafter = self.config.mode != "ar" and self.pool is not None and len(self.pool) > 0
         while True:
-            open_batches = [b for b in self.batches if len(b.requests) < self.config.max_batch]
-            if not open_batches:
+            batch = self._batch_for_new_request()
+            if batch is None:
                 return
             req = self.admission.admit_next(place_on_drafter)
             if req is None:
                 return
-            min(open_batches, key=lambda b: len(b.requests)).requests.append(req)
+            batch.requests.append(req)
+
+    def _batch_for_new_request(self) -> Batch | None:
+        """The batch with the fewest requests that has room. In auto mode max_batch bounds
+        the requests running at once, and only psd fills the second batch."""
+        if self.auto:
+            if sum(len(b.requests) for b in self.batches) >= self.config.max_batch:
+                return None
+            open_batches = self.batches if self.layout == "psd" else self.batches[:1]
+        else:
+            open_batches = [b for b in self.batches if len(b.requests) < self.config.max_batch]
+        return min(open_batches, key=lambda b: len(b.requests)) if open_batches else None
+
+    def _rebalance(self, batch: Batch) -> None:
+        """At `batch`'s step boundary (none of its requests in flight), hand requests to the
+        other batch as the layout wants: all of the second batch's to the first outside psd,
+        half the difference in psd. The receiving batch takes them at its next step."""
+        if not self.auto:
+            return
+        other = self.batches[1 - batch.index]
+        if self.layout != "psd":
+            moving = list(batch.requests) if batch.index == 1 else []
+        else:
+            moving = batch.requests[len(batch.requests) - (len(batch.requests) - len(other.requests)) // 2:]
+        if moving:
+            del batch.requests[len(batch.requests) - len(moving):]
+            other.requests.extend(moving)
+            other.has_work.set()
 
     def _retire(self, req: ActiveRequest, reason: FinishReason) -> None:
         """Final event to the client and KV frees queued for both services."""
@@ -122,6 +167,10 @@ class BatchManager:
         for req in requests:
             req.emit_error(code, message)
             self._forget(req)
+
+    def describe(self):
+        """(the cost model, the plan in force in auto mode or None) for GetServerInfo."""
+        return self.planner.describe(planning=self.auto)
 
     @property
     def steps_in_flight(self) -> bool:
@@ -180,21 +229,41 @@ class BatchManager:
     async def _pipeline(self, batch: Batch) -> None:
         while True:
             self._kick()
+            self._rebalance(batch)
             if not batch.to_draft():
+                batch.last_done = None              # idle: the next step's time is not a cycle
                 batch.has_work.clear()
                 if not any(b.to_draft() or b.drafted is not None for b in self.batches):
                     await self.flush_frees()        # nothing in flight to carry them
                 await batch.has_work.wait()
                 continue
-            if self.config.mode == "ar":
-                await self._decode(batch)
-                continue
+            self._maybe_replan()
+            if self.layout == "ar":
+                if batch.index == 0:
+                    await self._decode(batch)
+                continue                            # the second batch hands its requests over
             step_id = self.calls.next_step_id()
             try:
                 await self._draft(step_id, batch)
                 await self._verify(step_id, batch)
             except Exception as err:                # noqa: BLE001 - the batch fails, others go on
                 self._fail_batch(batch, err)
+
+    def _maybe_replan(self) -> None:
+        if self.auto and self.planner.replan_due():
+            running = [r for b in self.batches for r in b.to_draft()]
+            self.planner.replan(running, self._k_cap())
+
+    def _k_cap(self) -> int:
+        """The longest draft possible now: none while no drafter is in the pool."""
+        return self.config.k if self.pool is not None and len(self.pool) > 0 else 0
+
+    def _draft_length(self, req: ActiveRequest) -> int:
+        if self.auto:
+            k = self.planner.draft_length(req, self._k_cap())
+        else:
+            k = self.config.k if req.max_draft is None else min(self.config.k, req.max_draft)
+        return req.seq.draft_length(k)
 
     async def _decode(self, batch: Batch) -> None:
         """Plain decoding keeps two steps of the batch in flight: the next is sent before the
@@ -203,21 +272,27 @@ class BatchManager:
         that finishes at step n had one more token computed at step n + 1; it is dropped."""
         in_flight: deque[asyncio.Future] = deque()
         previous = 0
+        batch.last_done = None
         while True:
             live = batch.to_draft()
-            if live and len(in_flight) < 2:
+            if live and len(in_flight) < 2 and self.layout == "ar":
                 step_id = self.calls.next_step_id()
                 items = [DraftedItem(r, 0) for r in live]
-                in_flight.append(asyncio.ensure_future(self._verify_items(step_id, items, [], previous)))
+                # Nothing drafts now (the other batch is empty in this layout): the verifier
+                # may compute on the drafter's cores too.
+                borrow = self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
+                in_flight.append(asyncio.ensure_future(
+                    self._verify_items(step_id, items, [], previous, batch=batch, borrow_cpus=borrow)))
                 previous = step_id
                 continue
             if not in_flight:
-                return
+                return                              # the layout changed: back to the pipeline
             try:
                 await in_flight.popleft()
             except Exception as err:                # noqa: BLE001
                 self._fail_batch(batch, err)
             self._kick()
+            self._maybe_replan()
 
     async def flush_frees(self) -> None:
         """When idle, hand finished requests back to the services at once (no call to ride on).
@@ -235,13 +310,16 @@ class BatchManager:
 
     async def _verify(self, step_id: int, batch: Batch) -> None:
         try:
-            await self._verify_items(step_id, batch.drafted or [], batch.sources)
+            await self._verify_items(step_id, batch.drafted or [], batch.sources, batch=batch)
         finally:
             batch.drafted = None
 
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
-                            after_step_id: int = 0) -> None:
-        response = await self.calls.verify(step_id, items, sources, after_step_id)
+                            after_step_id: int = 0, batch: Batch | None = None, borrow_cpus: bool = False) -> None:
+        layout = self._step_layout()
+        response = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
+        if batch is not None:
+            self._time_step(batch, layout, [i.num_draft for i in items], borrow_cpus)
         results = {r.request_id: r for r in response.results}
         for item in items:
             req, result = item.request, results.get(item.request.request_id)
@@ -250,6 +328,33 @@ class BatchManager:
             elif req.cancelled and not req.done:    # cancelled since it was drafted
                 self._retire(req, FinishReason.ABORT)
 
+    def _step_layout(self) -> str:
+        """The layout a step runs in: psd with one batch empty is sequential SD."""
+        if self.layout == "psd" and sum(1 for b in self.batches if b.requests) < 2:
+            return "sd"
+        return self.layout
+
+    def _time_step(self, batch: Batch, layout: str, ks: list[int], borrowed: bool) -> None:
+        """A batch's step ended: the time since its previous one ended (when it went straight
+        on, in the same layout) against what the cost model predicts for the step, which in
+        psd is a whole cycle: both batches' drafts and verifies, overlapped."""
+        now = time.perf_counter()
+        previous, batch.last_done = batch.last_done, now
+        same_layout, batch.last_layout = batch.last_layout == layout, layout
+        batch.last_ks = ks
+        if previous is None or not same_layout:
+            return
+        costs = self.planner.costs()
+        if layout == "ar":
+            predicted = costs.verify(ks, borrowed=borrowed)
+        elif layout == "sd":
+            predicted = costs.draft(ks) + costs.verify(ks) + 2 * costs.gateway_per_step
+        else:
+            other = self.batches[1 - batch.index].last_ks
+            predicted = (max(costs.draft(ks), costs.verify(other)) + max(costs.draft(other), costs.verify(ks))
+                         + costs.gateway_per_step)
+        self.planner.observe_step_time(layout, now - previous, predicted)
+
     def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:
         if req.cancelled and not req.done:
             self._retire(req, FinishReason.ABORT)
@@ -257,7 +362,7 @@ class BatchManager:
         if not req.live:
             return
         if k:
-            req.seq.stats.record(k, len(tokens) - 1)
+            self.planner.acceptance.record(req.seq.stats, k, len(tokens) - 1)
         kept = req.seq.append(tokens)
         if req.drafter is not None:
             req.pending_diff.extend(tokens)
@@ -272,14 +377,21 @@ class BatchManager:
         by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]] = {}
         drafted: list[DraftedItem] = []
         for req in live:
-            if req.drafter is None:
+            k = self._draft_length(req)
+            if k and req.drafter is None:
                 self.admission.place(req)
-            if req.drafter is None:
+            if not k or req.drafter is None:
                 drafted.append(DraftedItem(req, 0))
             else:
-                by_drafter.setdefault(req.drafter, []).append((req, req.seq.draft_length(self.config.k)))
+                by_drafter.setdefault(req.drafter, []).append((req, k))
         sources = []
-        for drafter, result in await self.calls.draft_all(step_id, by_drafter, len(live)):
+        self._drafting += 1
+        try:
+            answers = await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout()) \
+                if by_drafter else []
+        finally:
+            self._drafting -= 1
+        for drafter, result in answers:
             items = by_drafter[drafter]
             if isinstance(result, BaseException):
                 self._drafter_failed(drafter, [req for req, _ in items], result)

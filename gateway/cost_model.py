@@ -20,19 +20,34 @@ from dataclasses import dataclass
 
 class LinearFit:
     """y ~ w . x by least squares over the last `window` observations, shrunk towards
-    `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane)."""
+    `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane).
+    Keeps the normal equations' sums, so an observation and a solve cost O(d^2) and O(d^3)
+    for a handful of features, whatever the window: the gateway fits on every call."""
 
     def __init__(self, prior: tuple[float, ...], prior_weight: float = 1.0, window: int = 512) -> None:
         self.prior = prior
         self.prior_weight = prior_weight
+        d = len(prior)
         self._rows: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
+        self._xtx = [[0.0] * d for _ in range(d)]
+        self._xty = [0.0] * d
         self._weights: tuple[float, ...] | None = None
 
     def observe(self, features: tuple[float, ...], value: float) -> None:
         if len(features) != len(self.prior):
             raise ValueError(f"expected {len(self.prior)} features, got {len(features)}")
+        if len(self._rows) == self._rows.maxlen:
+            self._add(*self._rows[0], sign=-1.0)
         self._rows.append((features, value))
+        self._add(features, value, sign=1.0)
         self._weights = None
+
+    def _add(self, features: tuple[float, ...], value: float, sign: float) -> None:
+        for i, x in enumerate(features):
+            self._xty[i] += sign * x * value
+            row = self._xtx[i]
+            for j, z in enumerate(features):
+                row[j] += sign * x * z
 
     @property
     def num_observations(self) -> int:
@@ -50,13 +65,8 @@ class LinearFit:
     def _solve(self) -> tuple[float, ...]:
         """(X^T X + l I) w = X^T y + l prior, by Gaussian elimination (a few features only)."""
         d = len(self.prior)
-        a = [[self.prior_weight if i == j else 0.0 for j in range(d)] for i in range(d)]
-        rhs = [self.prior_weight * p for p in self.prior]
-        for features, value in self._rows:
-            for i in range(d):
-                rhs[i] += features[i] * value
-                for j in range(d):
-                    a[i][j] += features[i] * features[j]
+        a = [[x + (self.prior_weight if i == j else 0.0) for j, x in enumerate(row)] for i, row in enumerate(self._xtx)]
+        rhs = [y + self.prior_weight * p for y, p in zip(self._xty, self.prior)]
         for col in range(d):
             pivot = max(range(col, d), key=lambda r: abs(a[r][col]))
             a[col], a[pivot], rhs[col], rhs[pivot] = a[pivot], a[col], rhs[pivot], rhs[col]
@@ -78,40 +88,75 @@ class StepCosts:
     verify_fixed: float             # a_v
     verify_per_token: float         # b_v
     gateway_per_step: float         # transport and bookkeeping around each call
+    # Plain decoding on the cores lent by the idle drafter (None: nothing is lent).
+    borrowed_fixed: float | None = None
+    borrowed_per_token: float | None = None
 
-    def draft(self, ks: list[int]) -> float:
+    def draft(self, ks: list[int], new_tokens: int = 0) -> float:
+        """new_tokens: catch-up tokens the first forward carries besides the drafts."""
         if not ks or max(ks) == 0:
             return 0.0
-        return self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
+        return (self.draft_fixed + self.draft_per_forward * max(ks)
+                + self.draft_per_token * (sum(ks) + new_tokens))
 
-    def verify(self, ks: list[int]) -> float:
+    def verify(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
+        """new_tokens: prompt tokens of requests new to the verifier, prefilled in the same forward."""
         if not ks:
             return 0.0
-        return self.verify_fixed + self.verify_per_token * sum(k + 1 for k in ks)
+        tokens = sum(k + 1 for k in ks) + new_tokens
+        if borrowed and self.borrowed_fixed is not None:
+            return self.borrowed_fixed + self.borrowed_per_token * tokens
+        return self.verify_fixed + self.verify_per_token * tokens
 
 
 class CostModel:
-    """Online fits of the drafter's and the verifier's busy time, and of the gateway's share."""
+    """Online fits of the drafter's and the verifier's busy time (own cores, and lent cores
+    when the verifier borrows them), and of the gateway's share."""
 
     def __init__(self, prior: StepCosts | None = None) -> None:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
         self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed))
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token))
+        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token))
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
+        self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
 
-    def observe_draft(self, ks: list[int], busy_s: float) -> None:
+    @property
+    def draft_calls(self) -> int:
+        return self._draft.num_observations
+
+    @property
+    def verify_calls(self) -> int:
+        return self._verify.num_observations + self._borrowed.num_observations
+
+    def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0) -> None:
         if ks and max(ks) > 0:
-            self._draft.observe((float(max(ks)), float(sum(ks)), 1.0), busy_s)
+            self._track(self.costs().draft(ks, new_tokens), busy_s)
+            self._draft.observe((float(max(ks)), float(sum(ks) + new_tokens), 1.0), busy_s)
 
-    def observe_verify(self, ks: list[int], busy_s: float) -> None:
+    def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
         if ks:
-            self._verify.observe((1.0, float(sum(k + 1 for k in ks))), busy_s)
+            self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
+            fit = self._borrowed if borrowed else self._verify
+            fit.observe((1.0, float(sum(k + 1 for k in ks) + new_tokens)), busy_s)
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
 
+    def _track(self, predicted: float, measured: float) -> None:
+        if measured > 0 and self.draft_calls + self.verify_calls >= 8:     # past the prior's guess
+            self._errors.append(abs(predicted - measured) / measured)
+
+    @property
+    def median_error(self) -> float:
+        """How far the model's predictions of recent calls were from what they took."""
+        return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
+
     def costs(self) -> StepCosts:
         per_forward, per_token, fixed = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token = (max(0.0, w) for w in self._verify.weights)
+        borrowed = None, None
+        if self._borrowed.num_observations:
+            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights)
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
-        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway)
+        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed)

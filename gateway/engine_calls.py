@@ -16,6 +16,7 @@ from typing import TypeVar
 import grpc
 
 from gateway.batch import DraftedItem
+from gateway.cost_model import CostModel
 from gateway.pool import DrafterHandle
 from gateway.request import ActiveRequest
 from minedraft.protocol import new_request_proto
@@ -78,9 +79,10 @@ def _verifiable(req: ActiveRequest) -> bool:
 
 
 class EngineCalls:
-    def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines) -> None:
+    def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines, model: CostModel) -> None:
         self.verifier = verifier
         self.deadlines = deadlines
+        self.model = model          # every call's busy time is fitted; its prediction goes in the record
         self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)
         self.free_on_verifier: list[str] = []      # finished requests to free there, with the next call
         self._step_id = 0
@@ -95,13 +97,18 @@ class EngineCalls:
         the service reports of its own time (its compute ends just before it answers)."""
         wall_s = time.perf_counter() - start
         self.deadlines.observe(kind, wall_s)
+        if fields.get("layout") in ("ar", "sd"):        # psd's calls queue behind the other batch's
+            self.model.observe_gateway(wall_s, fields.get("draft_busy_s", 0.0) + fields.get("verify_busy_s", 0.0)
+                                       + fields.get("data_plane_s", 0.0))
         self.step_records.append(generation_pb2.StepRecord(
             step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=wall_s, **fields))
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
-                     after_step_id: int = 0) -> engine_pb2.VerifyStepResponse:
+                     after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False
+                     ) -> engine_pb2.VerifyStepResponse:
         """Verify `items`; requests the verifier has not seen go with their tokens. Finished
-        requests ride along to be freed. after_step_id queues this step behind that one."""
+        requests ride along to be freed. after_step_id queues this step behind that one;
+        borrow_cpus: nothing drafts meanwhile, the verifier may compute on the drafter's cores."""
         new_requests = []
         for item in items:
             req = item.request
@@ -118,17 +125,22 @@ class EngineCalls:
             items=[engine_pb2.VerifyItem(request_id=i.request.request_id, num_draft=i.num_draft, source=i.source,
                                          drop=not _verifiable(i.request))
                    for i in items if _verifiable(i.request) or i.num_draft],
-            sources=sources, after_step_id=after_step_id)
+            sources=sources, after_step_id=after_step_id, borrow_cpus=borrow_cpus)
+        ks = [item.num_draft for item in message.items if not item.drop]
+        new_tokens = sum(len(r.token_ids) for r in new_requests)
+        predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
         response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
+        self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
-                    verify_batch=len(response.results))
+                    verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted)
         return response
 
     async def draft(self, step_id: int, drafter: DrafterHandle,
-                    items: list[tuple[ActiveRequest, int]]) -> engine_pb2.DraftStepResponse:
+                    items: list[tuple[ActiveRequest, int]]) -> tuple[engine_pb2.DraftStepResponse, float]:
         """Draft `items` (request, k) on one drafter: new requests go with their tokens,
-        known ones with the tokens verified since it last heard (their diff)."""
+        known ones with the tokens verified since it last heard (their diff).
+        -> (the answer, the busy time the cost model predicted for it)."""
         new_requests, updates = [], []
         for req, _ in items:
             if not req.known_to_drafter:
@@ -140,13 +152,19 @@ class EngineCalls:
             req.pending_diff = []
         finished, drafter.pending_frees = drafter.pending_frees, []
         reset, drafter.needs_reset = drafter.needs_reset, False
-        return await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
+        ks = [k for _, k in items]
+        catch_up = sum(len(r.token_ids) for r in new_requests) + sum(len(u.new_token_ids) for u in updates)
+        predicted = self.model.costs().draft(ks, catch_up)
+        response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
             step_id=step_id, new_requests=new_requests, updates=updates, finished=finished, reset=reset,
             items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
             timeout=self.deadlines("draft")), f"draft on {drafter.address}")
+        self.model.observe_draft(ks, response.busy_s, catch_up)
+        return response, predicted
 
     async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
-                        num_items: int) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]]:
+                        num_items: int, layout: str = ""
+                        ) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]]:
         """One batch's draft step on each of its drafters, in parallel; -> (drafter, response
         or the call's exception). One record for the step: it lasts as long as the slowest
         drafter. The drafter's send waits for the verifier's matching receive, so the
@@ -155,11 +173,13 @@ class EngineCalls:
         start = time.perf_counter()
         results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d]) for d in drafters),
                                        return_exceptions=True)
-        responses = [r for r in results if not isinstance(r, BaseException)]
-        if responses:
-            self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r in responses),
-                        draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r in responses))
-        return list(zip(drafters, results))
+        answered = [r for r in results if not isinstance(r, BaseException)]
+        if answered:
+            self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r, _ in answered),
+                        draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _ in answered),
+                        layout=layout, draft_lengths=[k for d in drafters for _, k in by_drafter[d]],
+                        predicted_busy_s=max(p for _, p in answered))
+        return [(d, r if isinstance(r, BaseException) else r[0]) for d, r in zip(drafters, results)]
 
     async def flush_verifier_frees(self) -> None:
         """Free finished requests on the verifier now (when no step is there to carry them)."""

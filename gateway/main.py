@@ -41,9 +41,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
                         help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
                              "also join later through the admin API")
-    parser.add_argument("--mode", default="psd", choices=MODES)
-    parser.add_argument("--k", type=int, default=4, help="draft length")
-    parser.add_argument("--max-batch", type=int, default=8, help="requests per batch (m)")
+    parser.add_argument("--mode", default="auto", choices=MODES,
+                        help="auto: layout and each request's draft length chosen at every step from measured "
+                             "costs; ar, sd, psd: fixed, for experiments and baselines")
+    parser.add_argument("--k", type=int, default=4, help="draft length (auto: the longest draft)")
+    parser.add_argument("--max-batch", type=int, default=16,
+                        help="requests running at once (auto; split over two batches when overlapped); "
+                             "in the fixed modes, requests per batch")
+    parser.add_argument("--auto-cycle-steps", type=int, default=0, help=argparse.SUPPRESS)   # tests: force switches
     parser.add_argument("--max-waiting", type=int, default=1024,
                         help="requests queued beyond the batches; more are refused with RESOURCE_EXHAUSTED")
     parser.add_argument("--step-timeout", type=float, default=30.0,
@@ -67,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
                                          max_batch=args.max_batch, kv_blocks=1, block_size=1,
-                                         step_timeout_s=args.step_timeout, max_waiting=args.max_waiting)
+                                         step_timeout_s=args.step_timeout, max_waiting=args.max_waiting,
+                                         auto_cycle_steps=args.auto_cycle_steps)
     except ValueError as err:
         parser.error(str(err))
     return args

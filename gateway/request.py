@@ -34,6 +34,7 @@ class ActiveRequest:
     cancelled: bool = False
     done: bool = False                                       # final event sent
     client_id: str = ""                                      # the id the client knows it by
+    max_draft: int | None = None                             # draft tokens a step at most; None = auto, 0 = off
 
     @property
     def request_id(self) -> str:

@@ -10,7 +10,8 @@ import grpc
 
 from gateway.batch_manager import BatchManager, Overloaded
 from gateway.request import ActiveRequest, StreamEvent
-from gateway.validation import check_prompt_ids, check_prompt_text, check_stop_token_ids, clamp_max_tokens
+from gateway.validation import (check_prompt_ids, check_prompt_text, check_stop_token_ids, clamp_max_tokens,
+                                max_draft_from_proto)
 from minedraft import __version__
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.protocol import params_from_proto, stats_to_proto
@@ -36,6 +37,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.manager.unavailable)
         try:
             params = params_from_proto(request.sampling)
+            max_draft = max_draft_from_proto(request.sampling, self.info.k)
             prompt_ids = await self._prompt_ids(request)
             params = clamp_max_tokens(params, len(prompt_ids), self.max_model_len)
             check_stop_token_ids(params, self.vocab_size)
@@ -48,7 +50,7 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         seq = Sequence(request_id, prompt_ids, params, seed, self.eos_token_ids, self.max_model_len)
         req = ActiveRequest(seq, IncrementalDetokenizer(self.tokenizer, prompt_ids), StopStringMatcher(params.stop),
-                            client_id=request.request_id or request_id)
+                            client_id=request.request_id or request_id, max_draft=max_draft)
         if not self.manager.admission.fits_ever(req):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "sampling.max_tokens: prompt + max_tokens exceed the KV cache capacity")
@@ -110,7 +112,13 @@ class GenerationServicer(generation_pb2_grpc.GenerationServicer):
             self.info.num_drafters = len(pool)
             if pool.drafters:
                 self.info.draft_model = next(iter(pool.drafters.values())).model
-        return self.info
+        info = generation_pb2.ServerInfo()
+        info.CopyFrom(self.info)
+        cost_model, plan = self.manager.describe()
+        info.cost_model.CopyFrom(cost_model)
+        if plan is not None:
+            info.plan.CopyFrom(plan)
+        return info
 
     async def GetStepStats(self, request, context) -> generation_pb2.StepStats:
         steps = list(self.manager.step_records)

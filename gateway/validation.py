@@ -1,12 +1,14 @@
-"""Checks of a generation request that need the model's facts (vocabulary, context); the
-sampling fields themselves are checked by SamplingParams. Each raises ValueError with a
-message that starts with the field's name: the servicer answers INVALID_ARGUMENT with it."""
+"""Checks of a generation request that need the model's or the server's facts (vocabulary,
+context, k); the sampling fields themselves are checked by SamplingParams. Each raises
+ValueError with a message that starts with the field's name: the servicer answers
+INVALID_ARGUMENT with it."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from minedraft.sampling_params import SamplingParams
+from minedraft.v1 import generation_pb2
 
 # Text is refused before it is tokenised when it could not fit the context even at this
 # many characters per token (no tokenizer of a served model packs more): a huge prompt
@@ -44,3 +46,14 @@ def clamp_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int
     anyway, finish reason "length"), so it never reserves KV it cannot use."""
     room = max_model_len - prompt_len
     return params if params.max_tokens <= room else dataclasses.replace(params, max_tokens=room)
+
+
+def max_draft_from_proto(options: generation_pb2.SamplingOptions, k: int) -> int | None:
+    """The request's cap on draft tokens a step (None = the server decides). It is the
+    gateway's alone, so it stays out of SamplingParams, which goes on to the engines."""
+    if not options.HasField("max_draft"):
+        return None
+    if options.max_draft > k:
+        raise ValueError(f"sampling.max_draft: {options.max_draft} is more than this server's longest draft "
+                         f"(k = {k})")
+    return options.max_draft

@@ -36,6 +36,18 @@ def _client(args: argparse.Namespace) -> Client:
                   api_key=dial.token)
 
 
+def _speculation(value: str) -> str | int:
+    """--speculation's value as SamplingOptions takes it ("auto", "off" or a draft length N),
+    checked by SamplingOptions itself so the CLI and the SDK refuse the same values."""
+    from minedraft.client import SamplingOptions
+
+    speculation = int(value) if value.isascii() and value.isdigit() else value
+    try:
+        return SamplingOptions(speculation=speculation).speculation
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _generate(args: argparse.Namespace) -> int:
     import dataclasses
     import json
@@ -44,7 +56,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     options = SamplingOptions(max_tokens=args.max_tokens, temperature=args.temperature,
                               top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop,
-                              ignore_eos=args.ignore_eos)
+                              ignore_eos=args.ignore_eos, speculation=args.speculation)
     try:
         with _client(args) as client:
             if not args.stream:
@@ -189,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--speculation", type=_speculation, default="auto", metavar="auto|off|N",
+                     help="auto: the server decides; off: no drafts; N: at most N draft tokens a step")
     gen.add_argument("--timeout", type=float, default=60.0, help="seconds")
     gen.add_argument("--json", action="store_true", help="print the whole result as one JSON object")
     gen.add_argument("--stream", action="store_true", help="stream the completion as it is generated")

@@ -14,14 +14,14 @@ from minedraft.client.errors import (InvalidRequest, MineDraftError, NotFound, R
                                      Unauthenticated, error_from_rpc)
 from minedraft.client.sync import ChunkStream, Client
 from minedraft.client.types import (CLIENT_TIMEOUT, DEFAULT_TARGET, AcceptanceSummary, DrafterInfo,
-                                    GenerationResult, Prompt, SamplingOptions, StreamChunk, Timeout,
-                                    build_request, drafters_from_proto, message_to_dict)
+                                    GenerationResult, Prompt, SamplingOptions, Speculation, StreamChunk,
+                                    Timeout, build_request, drafters_from_proto, message_to_dict)
 from minedraft.service.security import SecurityError
 
 __all__ = [
     "CLIENT_TIMEOUT", "DEFAULT_TARGET", "AcceptanceSummary", "AsyncChunkStream", "AsyncClient",
     "ChunkStream", "Client", "DrafterInfo", "GenerationResult", "InvalidRequest",
     "MineDraftError", "NotFound", "Prompt", "RequestCancelled", "RequestTimeout",
-    "ResourceExhausted", "SamplingOptions", "SecurityError", "ServerUnavailable", "StreamChunk",
+    "ResourceExhausted", "SamplingOptions", "SecurityError", "ServerUnavailable", "Speculation", "StreamChunk",
     "Timeout", "Unauthenticated", "build_request", "drafters_from_proto", "error_from_rpc", "message_to_dict",
 ]

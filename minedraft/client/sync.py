@@ -79,7 +79,8 @@ class Client(ClientBase):
                  **overrides: Any) -> GenerationResult:
         """Generate a completion and wait for all of it.
 
-        Sampling comes from `options` with any SamplingOptions field given as a keyword on top.
+        Sampling comes from `options` with any SamplingOptions field given as a keyword on top;
+        `speculation` ("auto", "off" or N) caps this request's draft tokens a step.
         """
         request = build_request(prompt, options, request_id=request_id, **overrides)
         return GenerationResult.from_proto(self._unary(self._stub.Generate, request, timeout))

@@ -9,7 +9,7 @@ import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from google.protobuf.message import Message
 
@@ -29,6 +29,8 @@ class _Default(enum.Enum):
 CLIENT_TIMEOUT = _Default.TIMEOUT
 Timeout = float | None | _Default
 Prompt = str | Sequence[int]  # text, or token ids sent as they are
+Speculation = Literal["auto", "off"] | int  # int N: at most N draft tokens a step; 0 = "off"
+_WIRE_LIMIT = 2**32  # max_draft is a uint32
 
 
 # --------------------------------------------------------------------------- results
@@ -136,7 +138,9 @@ class SamplingOptions:
     """How to sample one request: the one list of generate/stream options and their defaults.
 
     Mirrors the wire's SamplingOptions; range checks are the server's, so a bad value comes
-    back as InvalidRequest with the server's message.
+    back as InvalidRequest with the server's message. `speculation` is the exception: a value
+    such as "fast" or -1 has no wire form to send, so it raises ValueError here; only its
+    limit (N no more than the server's k) is the server's to check.
     """
 
     max_tokens: int = 64
@@ -147,6 +151,15 @@ class SamplingOptions:
     stop_token_ids: Sequence[int] | None = None
     ignore_eos: bool = False
     seed: int | None = None   # None lets the server choose; 0 is a real seed
+    speculation: Speculation = "auto"  # "auto": the server decides; "off" or 0: no drafts; N: at most N
+
+    def __post_init__(self) -> None:
+        speculation = self.speculation
+        named = isinstance(speculation, str) and speculation in ("auto", "off")
+        count = isinstance(speculation, int) and not isinstance(speculation, bool)  # True is a bug
+        if not named and not (count and 0 <= speculation < _WIRE_LIMIT):
+            raise ValueError(f"speculation must be 'auto', 'off' or a draft length N, an int in [0, 2**32), "
+                             f"got {speculation!r}")
 
     def replace(self, **changes: Any) -> SamplingOptions:
         """A copy with `changes` applied; a name that is not an option raises TypeError."""
@@ -164,6 +177,8 @@ class SamplingOptions:
             ignore_eos=self.ignore_eos)
         if self.seed is not None:  # unset lets the server choose
             sampling.seed = self.seed
+        if self.speculation != "auto":  # unset lets the server decide
+            sampling.max_draft = 0 if self.speculation == "off" else self.speculation
         return sampling
 
 
@@ -187,5 +202,19 @@ def build_request(prompt: Prompt, options: SamplingOptions | None = None, *, req
 
 
 def message_to_dict(message: Message) -> dict[str, Any]:
-    """Flat message -> dict of native Python values (json_format would turn uint64 into str)."""
-    return {field.name: getattr(message, field.name) for field in message.DESCRIPTOR.fields}
+    """Message -> dict of native Python values (json_format would turn uint64 into str):
+    nested messages become dicts (None when unset), repeated fields lists, maps dicts."""
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            out[field.name] = dict(value)
+        elif field.message_type is not None and field.is_repeated:
+            out[field.name] = [message_to_dict(v) for v in value]
+        elif field.message_type is not None:
+            out[field.name] = message_to_dict(value) if message.HasField(field.name) else None
+        elif field.is_repeated:
+            out[field.name] = list(value)
+        else:
+            out[field.name] = value
+    return out

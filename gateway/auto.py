@@ -1,0 +1,121 @@
+"""Auto mode's side of the Batch Manager: what it has measured and the plan it follows.
+
+Every call's busy time feeds the cost model (gateway/cost_model.py) and every verified step
+the acceptance estimate (gateway/acceptance_estimate.py), in every mode, so the numbers are
+there to read in GetServerInfo and the step records. In auto mode the Batch Manager also
+asks for a new plan (gateway/planner.py) every `replan_interval_s`, and each request's draft
+length follows the plan's rule and its own acceptance at every step in between.
+
+How a layout really runs is measured too: per layout, the recent steps' measured time over
+what the model predicted for exactly those steps (its "slowdown": contention, imperfect
+overlap, the gateway's own work). The planner divides each layout's predicted rate by it, so
+a layout that runs worse than its arithmetic stops being chosen, and one that never ran keeps
+the model's word.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import deque
+
+from gateway.acceptance_estimate import AcceptanceEstimate
+from gateway.cost_model import CostModel, StepCosts
+from gateway.planner import Plan, PlanRequest, choose_plan
+from gateway.request import ActiveRequest
+from minedraft.constants import LAYOUTS
+from minedraft.v1 import generation_pb2
+
+SLOWDOWN_WINDOW = 32        # steps per layout the slowdown is the median of
+SWITCH_MARGIN = 1.03        # a new layout must be predicted this much faster than the current
+
+
+class AutoPlanner:
+    def __init__(self, k_max: int, replan_interval_s: float = 0.2, cycle_steps: int = 0) -> None:
+        """cycle_steps > 0 is for tests: ignore the costs, rotate the layouts every that many
+        steps and give requests varied draft lengths, so switches certainly happen."""
+        self.k_max = k_max
+        self.model = CostModel()
+        self.acceptance = AcceptanceEstimate(k_max)
+        self.replan_interval_s = replan_interval_s
+        self.cycle_steps = cycle_steps
+        self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
+        self.replans = 0
+        self.layout_switches = 0
+        self._slowdown: dict[str, deque[float]] = {layout: deque(maxlen=SLOWDOWN_WINDOW) for layout in LAYOUTS}
+        self._planned_at = float("-inf")
+        self._steps = 0
+
+    # ---- measuring -------------------------------------------------------------------------
+    def observe_step_time(self, layout: str, measured_s: float, predicted_s: float) -> None:
+        """One step (a cycle of both batches in psd) as it ran against the model's prediction."""
+        if measured_s > 0 and predicted_s > 0:
+            self._slowdown[layout].append(measured_s / predicted_s)
+        self._steps += 1
+
+    def slowdown(self, layout: str) -> float:
+        ratios = sorted(self._slowdown[layout])
+        return min(3.0, max(0.5, ratios[len(ratios) // 2])) if ratios else 1.0
+
+    def costs(self) -> StepCosts:
+        return self.model.costs()
+
+    # ---- planning --------------------------------------------------------------------------
+    def replan_due(self) -> bool:
+        if self.cycle_steps:
+            return self._steps >= self.cycle_steps * (self.replans + 1) or not self.replans
+        return time.monotonic() - self._planned_at >= self.replan_interval_s
+
+    def replan(self, requests: list[ActiveRequest], k_cap: int) -> Plan:
+        """A new plan for these requests. k_cap: the longest draft any request may get now
+        (0 while no drafter can draft)."""
+        self._planned_at = time.monotonic()
+        self.replans += 1
+        if self.cycle_steps:
+            plan = Plan(LAYOUTS[self.replans % len(LAYOUTS)], {}, ((),), 0.0, 0.0, threshold=0.0, cap=k_cap)
+        else:
+            wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats), self._max_draft(r, k_cap))
+                      for r in requests]
+            slowdown = {layout: self.slowdown(layout) for layout in LAYOUTS}
+            plan = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown)
+            current = plan.considered.get(self.plan.layout)
+            if current is not None and plan.layout != self.plan.layout and \
+                    plan.tokens_per_s < current * SWITCH_MARGIN:
+                # Not clearly better: stay, with the current layout's best draft rule.
+                plan = choose_plan(self.costs(), wanted, k_cap, layouts=(self.plan.layout,), slowdown=slowdown)
+                plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
+                            dict(plan.considered, **{k: v for k, v in self.plan.considered.items()
+                                                     if k != plan.layout}), plan.threshold, plan.cap)
+        if plan.layout != self.plan.layout:
+            self.layout_switches += 1
+        self.plan = plan
+        return plan
+
+    def draft_length(self, req: ActiveRequest, k_cap: int) -> int:
+        """The request's k this step: the plan's rule applied to its acceptance so far."""
+        cap = self._max_draft(req, k_cap)
+        if self.cycle_steps:
+            varied = (zlib.crc32(req.request_id.encode()) + self._steps) % (cap + 1)
+            return 0 if self.plan.layout == "ar" else varied
+        return self.plan.draft_length(self.acceptance.reach(req.seq.stats), cap)
+
+    @staticmethod
+    def _max_draft(req: ActiveRequest, k_cap: int) -> int:
+        return k_cap if req.max_draft is None else min(k_cap, req.max_draft)
+
+    # ---- showing ---------------------------------------------------------------------------
+    def describe(self, planning: bool) -> tuple[generation_pb2.CostModel, generation_pb2.AutoPlan | None]:
+        """The cost model (every mode) and, in auto mode, the plan in force."""
+        c = self.costs()
+        model = generation_pb2.CostModel(
+            draft_fixed_s=c.draft_fixed, draft_per_forward_s=c.draft_per_forward, draft_per_token_s=c.draft_per_token,
+            verify_fixed_s=c.verify_fixed, verify_per_token_s=c.verify_per_token,
+            gateway_per_call_s=c.gateway_per_step, draft_calls=self.model.draft_calls,
+            verify_calls=self.model.verify_calls, median_error=self.model.median_error)
+        if not planning:
+            return model, None
+        return model, generation_pb2.AutoPlan(
+            layout=self.plan.layout, draft_lengths=list(self.plan.draft_lengths.values()),
+            predicted_tokens_per_s=self.plan.tokens_per_s, layout_tokens_per_s=self.plan.considered,
+            acceptance_reach=list(self.acceptance.pool_reach()), replans=self.replans,
+            layout_switches=self.layout_switches)
