@@ -41,6 +41,7 @@ from gateway.batch import Batch, BatchManagerConfig, DraftedItem, Overloaded
 from gateway.engine_calls import Deadlines, EngineCalls, call_status
 from gateway.failures import drafter_gone, verify_failure
 from gateway.pool import DrafterHandle, DrafterPool
+from gateway.profile import profile
 from gateway.request import ActiveRequest
 from minedraft.sequence import FinishReason
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
@@ -212,6 +213,10 @@ class BatchManager:
         verifier moves from one batch's verify straight to the other's (queued while it
         worked) and the drafter likewise: neither waits for a round trip through the
         gateway while the other batch has work for it."""
+        if self.auto:
+            drafter = next(iter(self.pool.drafters.values()), None) if self.pool else None
+            await profile(self.calls, drafter, self.config.max_batch, self.config.k)
+            await self.flush_frees()
         pipelines = [asyncio.ensure_future(self._pipeline(batch)) for batch in self.batches]
         try:
             await asyncio.gather(*pipelines)
