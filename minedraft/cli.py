@@ -166,9 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     bench_cmd.add_parser(sub)
     defaults = ServeConfig()
     serve = sub.add_parser("serve", help="start gateway, verifier and drafter on this host")
-    serve.add_argument("--mode", default=defaults.mode, choices=MODES)
-    serve.add_argument("--k", type=int, default=defaults.k, help="draft length")
-    serve.add_argument("--max-batch", type=int, default=defaults.max_batch, help="requests per batch (m)")
+    serve.add_argument("--mode", default=defaults.mode, choices=MODES,
+                       help="auto: layout and each request's draft length chosen at every step from measured "
+                            "costs; ar, sd, psd: fixed, for experiments and baselines")
+    serve.add_argument("--k", type=int, default=defaults.k, help="draft length (auto: the longest draft)")
+    serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
+                       help="requests running at once (auto; split over two batches when they overlap); "
+                            "requests per batch in the fixed modes")
     serve.add_argument("--port", type=int, default=defaults.port, help="public gRPC port")
     serve.add_argument("--host", default="127.0.0.1", help="bind address of every service's API")
     serve.add_argument("--admin-port", type=int, default=defaults.admin_port,

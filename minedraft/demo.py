@@ -1,8 +1,8 @@
 """`minedraft demo`: the bundled pair served in every mode, side by side.
 
 Starts the services (verifier and drafter on their own cores), streams one completion,
-then runs a handful of concurrent requests per mode and prints tokens/s and mean
-acceptance length. With --in-process it uses the library directly instead of services.
+then runs a handful of concurrent requests per mode (auto, the default of `minedraft serve`,
+last, with the layout it settled on) and prints tokens/s and mean acceptance length. With --in-process it uses the library directly instead of services.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _services(args, prompts):
 
     options = SamplingOptions(max_tokens=args.max_tokens, ignore_eos=True)
     rows = []
-    for mode in ("ar", "sd", "psd"):
+    for mode in ("ar", "sd", "psd", "auto"):
         m = args.concurrency // 2 if mode == "psd" else args.concurrency
         cluster = Cluster(ServeConfig(mode=mode, k=args.k, max_batch=max(1, m), port=0))
         print(f"starting {mode} services ...", flush=True)
@@ -50,6 +50,10 @@ def _services(args, prompts):
             with ThreadPoolExecutor(args.concurrency) as pool:
                 results = list(pool.map(lambda p: client.generate(p, options), prompts))
             elapsed = time.perf_counter() - start
+            if mode == "auto":
+                plan = client.server_info()["plan"]
+                print(f"auto settled on {plan['layout']}, draft lengths {sorted(set(plan['draft_lengths']))} "
+                      f"after {plan['layout_switches']} layout switches")
         tokens = sum(len(r.token_ids) for r in results)
         mal = _mean_acceptance_length(mode, [r.stats.to_stats() for r in results])
         rows.append((mode, tokens / elapsed, mal, [r.token_ids for r in results]))

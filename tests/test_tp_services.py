@@ -72,7 +72,7 @@ def test_serve_cli_tp2_two_drafters_streams():
         chunks = list(gateway.GenerateStream(request(bundled.load_prompts(1)[0], max_tokens=12), timeout=120))
         assert sum(len(c.token_ids) for c in chunks) == 12 and chunks[-1].finish_reason == "length"
         info = gateway.GetServerInfo(generation_pb2.ServerInfoRequest(), timeout=10)
-        assert info.num_drafters == 2 and info.mode == "psd"
+        assert info.num_drafters == 2 and info.mode == "auto"     # serve's default
     finally:
         watchdog.cancel()
         os.killpg(proc.pid, signal.SIGINT)

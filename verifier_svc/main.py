@@ -18,6 +18,7 @@ import logging
 import os
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 from minedraft import bundled
 from minedraft.constants import DATA_PLANES, VERIFIER_PORT
@@ -27,6 +28,9 @@ from minedraft.service.placement import parse_cpus, place_process
 from minedraft.service.runtime import configure_logging, run
 from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
 from minedraft.service.server import start_server
+
+if TYPE_CHECKING:
+    from minedraft.service.cpu_lending import CoreLender
 
 logger = logging.getLogger("minedraft.verifier")
 
@@ -48,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tp-address", default="",
                         help="HOST:PORT of rank 0's rendezvous store (default: MASTER_ADDR:MASTER_PORT, "
                              "or a free local port when this process starts the ranks)")
+    parser.add_argument("--borrow-cpus", default="",
+                        help="cores the drafter lends, e.g. '1' or '2-3': a step that says borrow_cpus (plain "
+                             "decoding, nothing drafting) computes on them too, until a step without it. "
+                             "CPU and --tp 1 only (otherwise ignored): a GPU computes on its own device, and "
+                             "tensor-parallel ranks run in lockstep, so one rank's extra cores would only make "
+                             "the others wait (default: none)")
     parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     add_server_args(parser, public=False)
@@ -60,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
+    try:
+        lent = parse_cpus(args.borrow_cpus)
+    except ValueError:
+        parser.error(f"--borrow-cpus: expected cores like '1' or '2-3,5', got {args.borrow_cpus!r}")
+    if hasattr(os, "sched_getaffinity") and lent - os.sched_getaffinity(0):
+        parser.error(f"--borrow-cpus: cores {sorted(lent - os.sched_getaffinity(0))} are not available "
+                     "to this process")
     env = os.environ
     if args.tp_rank is None and "RANK" in env and "WORLD_SIZE" in env:     # torchrun
         args.tp_rank, args.tp = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -98,6 +115,26 @@ def rank_cpus(cpus: str, rank: int, tp: int) -> str:
     return ",".join(str(c) for c in cores[rank * share:(rank + 1) * share])
 
 
+def core_lender(args: argparse.Namespace, cpus: str) -> CoreLender | None:
+    """-> the switch onto the --borrow-cpus cores, or None when there is nothing to borrow
+    (said once, at start-up). cpus: this process's own cores ('' = all it may use)."""
+    from minedraft.service.cpu_lending import CoreLender
+
+    if not args.borrow_cpus:
+        return None
+    own = parse_cpus(cpus) or (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set())
+    lent = parse_cpus(args.borrow_cpus) - own
+    reason = ("tensor-parallel ranks run in lockstep" if args.tp > 1
+              else f"the device is {args.device}, not cpu" if args.device != "cpu"
+              else "this system cannot set a thread's cores" if not hasattr(os, "sched_setaffinity")
+              else "they are this verifier's own cores already (--cpus)" if not lent else "")
+    if reason:
+        logger.warning("--borrow-cpus %s: borrowing is off, %s", args.borrow_cpus, reason)
+        return None
+    logger.info("while nothing drafts, computing on cores %s too", sorted(lent))
+    return CoreLender(own, args.threads, lent)
+
+
 def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subprocess.Popen]:
     if not args.tp_address:
         args.tp_address = f"127.0.0.1:{free_port()}"
@@ -112,7 +149,9 @@ def _build(args: argparse.Namespace, rank: int):
     from verifier_svc.steps import StepExecutor
 
     device, backend = rank_device(args.device, rank, args.tp)
-    place_process(rank_cpus(args.cpus, rank, args.tp))
+    cpus = rank_cpus(args.cpus, rank, args.tp)
+    lender = core_lender(args, cpus) if rank == 0 else None   # before placing: '' means the cores it has
+    place_process(cpus)
     if args.tp == 1:
         tp = TPGroup.single(device)
     else:
@@ -120,7 +159,7 @@ def _build(args: argparse.Namespace, rank: int):
         tp = TPGroup.create(rank, args.tp, host, int(port), backend=backend, device=device)
     config = runner_config(args, device=device)
     verifier = Verifier(ModelRunner(config, tp=tp), synthetic_acceptance=args.synthetic_acceptance)
-    return StepExecutor(verifier, tp)
+    return StepExecutor(verifier, tp, lender=lender)
 
 
 async def serve(args: argparse.Namespace) -> None:

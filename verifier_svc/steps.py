@@ -20,6 +20,7 @@ from minedraft.data_plane import DraftPairings
 from minedraft.engine_requests import StepCheck, UnknownRequest
 from minedraft.parallel import TPGroup
 from minedraft.protocol import params_from_proto
+from minedraft.service.cpu_lending import CoreLender
 from minedraft.v1 import engine_pb2
 from minedraft.verifier import Verifier
 
@@ -29,9 +30,12 @@ DRAFT_WAIT_S = 60.0  # how long a step with no deadline waits for its drafts
 
 
 class StepExecutor:
-    def __init__(self, verifier: Verifier, tp: TPGroup) -> None:
+    def __init__(self, verifier: Verifier, tp: TPGroup, lender: CoreLender | None = None) -> None:
+        """lender: the drafter's cores, computed on too by steps that say borrow_cpus (rank 0
+        of a one-rank group on CPU only; None: nothing to borrow)."""
         self.verifier = verifier
         self.tp = tp
+        self.lender = lender
         runner = verifier.runner
         self.vocab_size, self.dtype, self.device = runner.vocab_size, runner.config.torch_dtype, runner.device
 
@@ -39,6 +43,9 @@ class StepExecutor:
     def lead(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
              recv_deadline: float | None = None) -> engine_pb2.VerifyStepResponse:
         """recv_deadline (time.monotonic()): drafts not arrived by then are lost (k = 0)."""
+        # First of all: a step without borrow_cpus means drafting resumed, and the drafter
+        # needs its cores back before it can send this step's drafts.
+        borrowed = self.lender.use(request.borrow_cpus) if self.lender is not None else False
         check_step(request, self.verifier)      # before any draft is taken off the data plane
         for source in request.sources:
             if pairings is None or not pairings.ever_paired(source.drafter_id):
@@ -49,6 +56,7 @@ class StepExecutor:
             token_ids, probs = self._broadcast_drafts(resolved, token_ids, probs)
         response = self.execute(resolved, token_ids, probs)
         response.recv_s = recv_s
+        response.borrowed = borrowed
         return response
 
     def stop_followers(self) -> None:

@@ -30,6 +30,8 @@ class Cluster:
         self.admin_address = ""             # the gateway's drafter-pool admin API
         self.verifier_address = ""
         self.drafter_addresses: list[str] = []
+        self._common = ["--host", config.host, "--dtype", config.dtype, "--num-blocks", str(config.num_blocks),
+                        "--log-level", config.log_level] + (["--random-weights"] if config.random_weights else [])
 
     @property
     def address(self) -> str:
@@ -42,8 +44,6 @@ class Cluster:
         in a port file, so no port is picked ahead of time and lost to another bind."""
         cfg = self.config
         self._port_dir = Path(tempfile.mkdtemp(prefix="minedraft-ports-"))
-        self._common = ["--host", cfg.host, "--dtype", cfg.dtype, "--num-blocks", str(cfg.num_blocks),
-                        "--log-level", cfg.log_level] + (["--random-weights"] if cfg.random_weights else [])
         try:
             self._spawn_verifier(port=0)
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
@@ -53,6 +53,8 @@ class Cluster:
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
                                     "--step-timeout", str(cfg.step_timeout_s), "--max-waiting", str(cfg.max_waiting),
+                                    *(["--auto-cycle-steps", str(cfg.auto_cycle_steps)]
+                                      if cfg.auto_cycle_steps else []),
                                     "--log-level", cfg.log_level])
             self.port = self._wait_port("gateway")
             self.admin_address = f"127.0.0.1:{self._wait_port('gateway.admin', process='gateway')}"
@@ -65,14 +67,19 @@ class Cluster:
         return self
 
     def _spawn_verifier(self, port: int) -> None:
+        self._spawn("verifier", self.verifier_args(port))
+
+    def verifier_args(self, port: int) -> list[str]:
+        """`python -m` arguments of the verifier; only ar mode has no drafts to carry."""
         cfg = self.config
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
-        self._spawn("verifier", ["verifier_svc", "--model", cfg.target, "--port", str(port),
-                                 "--device", cfg.target_device, "--threads", str(cfg.target_threads),
-                                 "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
-                    + self._common
-                    + ([] if cfg.synthetic_acceptance is None else
-                       ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
+        return (["verifier_svc", "--model", cfg.target, "--port", str(port),
+                 "--device", cfg.target_device, "--threads", str(cfg.target_threads),
+                 "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
+                + (["--borrow-cpus", cfg.lent_cpus] if cfg.lent_cpus else [])
+                + self._common
+                + ([] if cfg.synthetic_acceptance is None else
+                   ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
 
     def _spawn_drafter(self, name: str | None = None) -> str:
         """Start a drafter that joins the gateway's pool itself; -> its process name."""

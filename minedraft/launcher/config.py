@@ -7,13 +7,16 @@ from dataclasses import dataclass, field
 
 from minedraft import bundled
 from minedraft.constants import ADMIN_PORT, DATA_PLANES, GATEWAY_PORT, MODES
+from minedraft.service.placement import parse_cpus
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    mode: str = "psd"
+    mode: str = "auto"             # one of constants.MODES
     k: int = 4
-    max_batch: int = 8
+    # auto: requests running at once (split over two batches when they overlap);
+    # psd: requests per batch (each of the two); sd and ar: requests in the one batch.
+    max_batch: int = 16
     port: int = GATEWAY_PORT
     admin_port: int = ADMIN_PORT   # the drafter-pool admin API, always on 127.0.0.1 (0 with port 0)
     host: str = "127.0.0.1"
@@ -37,6 +40,7 @@ class ServeConfig:
     startup_timeout_s: float = 300.0
     synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights
+    auto_cycle_steps: int = 0                   # tests only: auto mode rotates its layouts every this many steps
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -45,3 +49,17 @@ class ServeConfig:
             raise ValueError(f"data_plane must be one of {DATA_PLANES}, got {self.data_plane!r}")
         if self.tp < 1 or self.drafters < 0:
             raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={self.tp}, drafters={self.drafters}")
+        for name in ("target_cpus", "draft_cpus"):
+            try:
+                parse_cpus(getattr(self, name))
+            except ValueError:
+                raise ValueError(f"{name} must list cores like '0' or '2-3,5', got {getattr(self, name)!r}") from None
+
+    @property
+    def lent_cpus(self) -> str:
+        """The drafters' cores the verifier computes on too while auto mode decodes plainly
+        ('' = none): only a one-rank verifier on CPU borrows, and only cores not its own."""
+        own, lent = parse_cpus(self.target_cpus), parse_cpus(self.draft_cpus)
+        if self.mode != "auto" or self.tp != 1 or self.target_device != "cpu" or not own or not lent or own & lent:
+            return ""
+        return self.draft_cpus

@@ -44,5 +44,24 @@ def parse_cpus(spec: str) -> set[int]:
 
 
 def place_process(cpus: str) -> None:
+    """Every thread of the process, not only the caller: the verifier places itself from a
+    worker thread, and its event loop's thread starts the compute thread."""
     if cpus and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, parse_cpus(cpus))
+        pin_all_threads(parse_cpus(cpus))
+
+
+def pin_all_threads(cpus: set[int] | frozenset[int]) -> None:
+    """sched_setaffinity(0, ...) moves only the calling thread. Every thread of the process
+    moves here; one started during a pass may carry its creator's old mask, so passes repeat
+    until no new thread appears."""
+    done: set[int] = set()
+    while True:
+        tids = {int(tid) for tid in os.listdir("/proc/self/task")} - done
+        if not tids:
+            return
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except ProcessLookupError:      # it ended meanwhile
+                pass
+        done |= tids
