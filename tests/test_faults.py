@@ -33,6 +33,10 @@ def _config(**overrides) -> ServeConfig:
                           "step_timeout_s": 3.0, **overrides})
 
 
+# Auto mode with its layouts forced to rotate every few steps: the faults land in every layout.
+MODES = {"psd": {}, "auto": {"mode": "auto", "max_batch": 8, "auto_cycle_steps": 2}}
+
+
 def _stub(cluster: Cluster) -> generation_pb2_grpc.GenerationStub:
     return generation_pb2_grpc.GenerationStub(grpc.insecure_channel(cluster.address))
 
@@ -100,8 +104,9 @@ def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
         assert cluster.dead() == []
 
 
-def test_drafter_killed_under_load_rejoins_and_drafts_again(reference):
-    with Cluster(_config(drafters=2)) as cluster:
+@pytest.mark.parametrize("mode", list(MODES))
+def test_drafter_killed_under_load_rejoins_and_drafts_again(reference, mode):
+    with Cluster(_config(drafters=2, **MODES[mode])) as cluster:
         results = _generate_all(cluster, during=lambda: cluster.kill("drafter-1"))
         _check(reference, results, "drafter SIGKILL")
         _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the dead drafter to leave the pool")
@@ -115,10 +120,11 @@ def test_drafter_killed_under_load_rejoins_and_drafts_again(reference):
         assert_idle(cluster, _pool(cluster))
 
 
-def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference, mode):
     """SIGSTOP for longer than the call deadline: it is treated as gone (streams finish at
     k = 0, nothing lost); after SIGCONT its late answers are ignored and it rejoins."""
-    with Cluster(_config()) as cluster:
+    with Cluster(_config(**MODES[mode])) as cluster:
         start = time.monotonic()
         results = _generate_all(cluster, during=lambda: cluster.send_signal("drafter-0", signal.SIGSTOP))
         _check(reference, results, "drafter SIGSTOP")
