@@ -15,13 +15,14 @@ import torch
 
 from minedraft.engine_requests import RequestState, RequestTable, sampling_rows
 from minedraft.model_runner import ForwardChunk
-from minedraft.sampling import DRAFT_STREAM, processed_probs, request_noise, sample_with_noise
+from minedraft.sampling import VERIFY_STREAM, processed_probs, request_noise, sample_with_noise
 
 
 @dataclass
 class DraftOutput:
     draft_token_ids: list[list[int]]      # per request, k_i tokens
-    draft_probs: torch.Tensor | None      # [sum k_i, V] float32 when any request samples, else None
+    # Always None: coupled verification compares draft tokens only. Kept while drafter_svc reads it.
+    draft_probs: None = None
 
 
 class Drafter(RequestTable):
@@ -36,34 +37,29 @@ class Drafter(RequestTable):
         states = [self._requests[rid] for rid, _ in requests]
         ks = [k for _, k in requests]
         drafts: list[list[int]] = [[] for _ in requests]
-        prob_rows: list[list[torch.Tensor]] = [[] for _ in requests]
         any_sampled = any(not s.params.is_greedy and k > 0 for s, k in zip(states, ks))
         active = [i for i, k in enumerate(ks) if k > 0]
         chunks = [ForwardChunk(requests[i][0], self.uncached_tokens(requests[i][0])) for i in active]
         for j in range(max(ks, default=0)):
             logits = self.runner.forward(chunks)                                   # [len(active), V]
-            token_list, probs = self._sample(logits, [states[i] for i in active],
-                                             [len(states[i].token_ids) + j for i in active], any_sampled)
+            token_list = self._sample(logits, [states[i] for i in active],
+                                      [len(states[i].token_ids) + j for i in active], any_sampled)
             for row, i in enumerate(active):
                 drafts[i].append(token_list[row])
-                if probs is not None:
-                    prob_rows[i].append(probs[row])
             active = [i for i in active if ks[i] > j + 1]
             chunks = [ForwardChunk(requests[i][0], [drafts[i][-1]]) for i in active]
-        draft_probs = None
-        if any_sampled:
-            rows = [row for per_request in prob_rows for row in per_request]
-            draft_probs = torch.stack(rows) if rows else None
-        return DraftOutput(drafts, draft_probs)
+        return DraftOutput(drafts)
 
     def _sample(self, logits: torch.Tensor, states: list[RequestState], positions: list[int],
-                any_sampled: bool) -> tuple[list[int], torch.Tensor | None]:
-        """One draft token per row; probs [rows, V] only when some request samples."""
+                any_sampled: bool) -> list[int]:
+        """One draft token per row. A sampled row races on the noise the verifier will use for
+        the same (seed, position): the draft is then the target's own sample wherever the two
+        races agree, which is what coupled verification accepts."""
         if not any_sampled:
-            return logits.argmax(dim=-1).tolist(), None
+            return logits.argmax(dim=-1).tolist()
         params = [s.params for s in states]
         temperature, top_k, top_p = sampling_rows(params, [1] * len(states), logits.device)
         probs = processed_probs(logits, temperature, top_k, top_p)
         _, exponential = request_noise([s.seed for s in states], [[p] for p in positions],
-                                       DRAFT_STREAM, logits.shape[-1], logits.device)
-        return sample_with_noise(probs, exponential).tolist(), probs
+                                       VERIFY_STREAM, logits.shape[-1], logits.device)
+        return sample_with_noise(probs, exponential).tolist()

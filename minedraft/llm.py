@@ -128,12 +128,11 @@ class LLM:
         ks = [s.draft_length(k) for s in running]
         start = time.perf_counter()
         if k > 0:
-            drafted = self.drafter.draft([(s.request_id, ki) for s, ki in zip(running, ks)])
-            drafts, draft_probs = drafted.draft_token_ids, drafted.draft_probs
+            drafts = self.drafter.draft([(s.request_id, ki) for s, ki in zip(running, ks)]).draft_token_ids
         else:
-            drafts, draft_probs = [[] for _ in running], None
+            drafts = [[] for _ in running]
         drafted_at = time.perf_counter()
-        new_tokens = self.verifier.verify([(s.request_id, d) for s, d in zip(running, drafts)], draft_probs)
+        new_tokens = self.verifier.verify([(s.request_id, d) for s, d in zip(running, drafts)])
         self.step_timings.append(StepTiming(len(running), k, drafted_at - start, time.perf_counter() - drafted_at))
         for seq, ki, tokens in zip(running, ks, new_tokens):
             if k > 0:

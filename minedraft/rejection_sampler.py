@@ -1,17 +1,33 @@
-"""Lossless rejection sampling for speculative decoding.
+"""Lossless verification of drafts by coupled sampling: the drafter and the target race on
+the same noise, and a draft is kept only where it is the target's own sample.
 
 Terms, per request with k draft tokens:
-  accepted  - the leading draft tokens the target agrees to keep (0..k of them).
-  recovered - the token emitted at the first rejected draft position, drawn from the
-              residual max(p - q, 0) so the output is distributed exactly as the target's p.
-  bonus     - the token emitted when all k drafts are accepted, drawn from the target's
-              distribution at the position after the last draft (the target computed it anyway).
+  target token - per target row, the token plain decoding would emit at that position: the
+              argmax for a greedy request, else the winner of the exponential race
+              argmax(p / E) with E the row's noise, keyed by (seed, position).
+  accepted  - the leading drafts equal to their row's target token (0..k of them).
+  recovered - the target token at the first draft that differs from it.
+  bonus     - the target token at the row after the last draft, when all k are accepted.
 Every request therefore emits its accepted tokens plus exactly one recovered or bonus token,
 1..k+1 tokens in all.
 
-The sampler is a pure function of its tensors: all randomness comes in as `uniform` and
-`exponential`, so a caller that keys noise by (seed, position) gets outputs that do not
-depend on batching.
+Why coupled rather than the classic rule (accept x with probability min(1, p(x) / q(x)),
+resample max(p - q, 0) at the first rejection): every token emitted is the target token of
+its row, so a sampled request emits exactly what plain decoding with the same seed emits,
+whatever k each step used, even k chosen from timings. That is lossless by construction
+(each token is a sample of p) and reproducible (as exactly as the target's logits are: a
+race decided by float rounding can flip, as a greedy near-tie can). The drafter samples
+its draft at position P as argmax(q / E) with the very same E, so it often agrees.
+
+The price: a sampled draft is accepted with probability P(the two races agree) =
+sum_v 1 / sum_w max(p_w / p_v, q_w / q_v), at most the classic rule's 1 - TV(p, q) (no
+coupling beats it) and at least (1 - TV) / (1 + TV). On the bundled pair at k = 4 the mean
+acceptance length fell from 3.22 to 2.80 at temperature 1.0 and from 3.34 to 3.02 at 0.7.
+Greedy requests are unchanged: their target token is the argmax.
+
+The sampler is a pure function of its tensors: all randomness comes in as `exponential`,
+so a caller that keys noise by (seed, position) gets outputs that do not depend on
+batching. Draft probabilities are not needed: only the drafts' tokens are compared.
 """
 
 from __future__ import annotations
@@ -24,29 +40,24 @@ from minedraft.sampling import sample_with_noise
 def rejection_sample(
     draft_token_ids: torch.Tensor,  # [num_draft_tokens] int64, requests' drafts concatenated
     num_draft_tokens: list[int],  # [batch] draft length k_i of each request (may be 0)
-    draft_probs: torch.Tensor | None,  # [num_draft_tokens, V]; None = greedy drafter (one-hot)
     target_probs: torch.Tensor,  # [num_draft_tokens + batch, V]; request i: k_i rows, then bonus
     is_greedy: torch.Tensor,  # [batch] bool, target temperature 0 (target rows are one-hot)
-    uniform: torch.Tensor,  # [num_draft_tokens + batch] one per target row (draft rows used)
     exponential: torch.Tensor,  # [num_draft_tokens + batch, V] Exp(1) noise per target row
 ) -> list[list[int]]:  # per request: accepted drafts + one recovered or bonus token
     """Verify every request's drafts in one vectorized pass; the only host sync is at the end.
 
-    Greedy request: accept while the draft equals the target argmax; emit the argmax at the
-    first mismatch or at the bonus row.
-    Sampled request: accept draft x with probability min(1, p(x) / q(x)); at the first
-    rejection emit a sample of max(p - q, 0) (or of p if that is all zero, i.e. p == q);
-    if all are accepted, emit a sample of p at the bonus row.
+    Each target row's token is the argmax (greedy request) or argmax(p / E) (sampled
+    request), exactly as plain decoding picks it at that position. Accept drafts while
+    they equal their row's target token; emit the target token at the first mismatch or
+    at the bonus row. For the sampled drafts to be accepted often, the drafter must have
+    drawn them as argmax(q / E) with the same `exponential` rows: the verdict never
+    depends on how the drafts were drawn, only the acceptance rate does.
     """
     batch = len(num_draft_tokens)
-    total_drafts = _validate(
-        draft_token_ids, num_draft_tokens, draft_probs, target_probs, is_greedy, uniform,
-        exponential,
-    )
+    total_drafts = _validate(draft_token_ids, num_draft_tokens, target_probs, is_greedy, exponential)
     if batch == 0:
         return []
     device = target_probs.device
-    vocab_size = target_probs.shape[1]
 
     # Host-side index bookkeeping from plain ints: no device reads needed.
     draft_lengths = torch.tensor(num_draft_tokens, dtype=torch.int64)  # [batch]
@@ -58,57 +69,26 @@ def rejection_sample(
     padded_draft_rows = torch.where(slot_valid, draft_starts.unsqueeze(1) + slot, 0)
     request_of_draft = torch.repeat_interleave(torch.arange(batch), draft_lengths)
     target_rows_of_drafts = torch.arange(total_drafts) + request_of_draft  # [num_draft_tokens]
+    request_of_target_row = torch.repeat_interleave(torch.arange(batch), draft_lengths + 1)
 
     draft_lengths = draft_lengths.to(device, non_blocking=True)
-    draft_starts = draft_starts.to(device, non_blocking=True)
     target_starts = target_starts.to(device, non_blocking=True)
     slot_valid = slot_valid.to(device, non_blocking=True)
     padded_draft_rows = padded_draft_rows.to(device, non_blocking=True)
-    request_of_draft = request_of_draft.to(device, non_blocking=True)
     target_rows_of_drafts = target_rows_of_drafts.to(device, non_blocking=True)
+    request_of_target_row = request_of_target_row.to(device, non_blocking=True)
     is_greedy = is_greedy.to(device)
 
-    # Acceptance of each draft token, on the flat [num_draft_tokens] layout.
-    draft_target_probs = target_probs[target_rows_of_drafts]  # [num_draft_tokens, V]
-    target_prob_of_draft = draft_target_probs.gather(1, draft_token_ids.unsqueeze(1)).squeeze(1)
-    if draft_probs is None:
-        draft_prob_of_draft = torch.ones_like(target_prob_of_draft)
-    else:
-        draft_prob_of_draft = draft_probs.gather(1, draft_token_ids.unsqueeze(1)).squeeze(1)
-    # u in (0, 1]: accept iff u * q(x) <= p(x). The p(x) > 0 term makes q(x) = 0 (a draft
-    # the drafter could not have sampled) accept only tokens the target allows.
-    draft_uniform = uniform[target_rows_of_drafts]  # [num_draft_tokens]
-    sampled_accept = (draft_uniform * draft_prob_of_draft <= target_prob_of_draft) & (
-        target_prob_of_draft > 0
-    )
-    greedy_accept = draft_token_ids == draft_target_probs.argmax(dim=-1)
-    accepted = torch.where(is_greedy[request_of_draft], greedy_accept, sampled_accept)
+    # What plain decoding emits at every target row: [num_draft_tokens + batch].
+    greedy_tokens = target_probs.argmax(dim=-1)
+    sampled_tokens = sample_with_noise(target_probs, exponential)
+    target_tokens = torch.where(is_greedy[request_of_target_row], greedy_tokens, sampled_tokens)
 
-    # Leading run of acceptances per request; padding slots count as rejections.
+    # Leading run of drafts equal to their row's target token; padding slots count as misses.
+    accepted = draft_token_ids == target_tokens[target_rows_of_drafts]  # [num_draft_tokens]
     padded_accepted = accepted[padded_draft_rows] & slot_valid  # [batch, max_k]
     num_accepted = torch.cumprod(padded_accepted.to(torch.int64), dim=1).sum(dim=1)  # [batch]
-    is_recovered = num_accepted < draft_lengths  # [batch]; False = bonus
-
-    # The one row per request where the emitted token is drawn.
-    final_target_rows = target_starts + num_accepted  # [batch]
-    final_target_probs = target_probs[final_target_rows]  # [batch, V]
-    if total_drafts > 0:
-        rejected_draft_rows = (draft_starts + num_accepted).clamp(max=total_drafts - 1)
-        if draft_probs is None:
-            rejected_draft_probs = torch.nn.functional.one_hot(
-                draft_token_ids[rejected_draft_rows], vocab_size
-            ).to(final_target_probs.dtype)
-        else:
-            rejected_draft_probs = draft_probs[rejected_draft_rows]  # [batch, V]
-        residual = (final_target_probs - rejected_draft_probs).clamp(min=0)
-        # All-zero residual only when p == q, where rejection has probability 0 anyway.
-        residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, final_target_probs)
-        final_dist = torch.where(is_recovered.unsqueeze(1), residual, final_target_probs)
-    else:
-        final_dist = final_target_probs
-    sampled_token = sample_with_noise(final_dist, exponential[final_target_rows])
-    greedy_token = final_target_probs.argmax(dim=-1)
-    final_token = torch.where(is_greedy, greedy_token, sampled_token)  # [batch]
+    final_token = target_tokens[target_starts + num_accepted]  # [batch] recovered or bonus
 
     padded_drafts = torch.where(slot_valid, draft_token_ids[padded_draft_rows], 0)  # [batch, max_k]
     packed = torch.cat(
@@ -120,10 +100,8 @@ def rejection_sample(
 def _validate(
     draft_token_ids: torch.Tensor,
     num_draft_tokens: list[int],
-    draft_probs: torch.Tensor | None,
     target_probs: torch.Tensor,
     is_greedy: torch.Tensor,
-    uniform: torch.Tensor,
     exponential: torch.Tensor,
 ) -> int:
     """Check every shape against num_draft_tokens; return the total draft count."""
@@ -138,11 +116,8 @@ def _validate(
         "draft_token_ids": (draft_token_ids, (total,)),
         "target_probs": (target_probs, (total + batch, vocab_size)),
         "is_greedy": (is_greedy, (batch,)),
-        "uniform": (uniform, (total + batch,)),
         "exponential": (exponential, (total + batch, vocab_size)),
     }
-    if draft_probs is not None:
-        expected["draft_probs"] = (draft_probs, (total, vocab_size))
     for name, (tensor, shape) in expected.items():
         if tuple(tensor.shape) != shape:
             raise ValueError(

@@ -2,17 +2,25 @@
 
 Randomness is keyed by (seed, position, stream) rather than drawn from one shared
 generator, so a request's tokens do not depend on which other requests share its batch
-or on how the Batch Manager split its work into steps.
+or on how the Batch Manager split its work into steps. It is a counter-based hash
+computed with integer tensor ops, not a torch.Generator, so the drafter and the verifier
+get the same noise for a position even on different devices (identical bits; only the final
+float log may round an ulp apart): coupled verification (rejection_sampler) needs that to
+accept sampled drafts.
 """
 
 from __future__ import annotations
 
 import torch
 
-DRAFT_STREAM = 1  # noise the drafter uses to sample draft tokens
-VERIFY_STREAM = 2  # noise the rejection sampler uses to accept and resample
+# The noise that decides the token at a position: the target's race in the verifier and,
+# with the very same noise, the drafter's guess of it (see rejection_sampler).
+VERIFY_STREAM = 2
 
 _MASK64 = (1 << 64) - 1
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # SplitMix64's increment and mixing constants
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
 
 
 def processed_probs(
@@ -83,16 +91,14 @@ def _filter_top_k_top_p(
 
 
 def _splitmix64(value: int) -> int:
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    value = (value + _GOLDEN_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK64
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK64
     return value ^ (value >> 31)
 
 
-def position_generator(
-    seed: int, position: int, stream: int, device: torch.device | str
-) -> torch.Generator:
-    """A generator owned by one (request seed, token position, stream).
+def noise_key(seed: int, position: int, stream: int) -> int:
+    """The 64-bit key of one (request seed, token position, stream).
 
     Hashing the three ints (splitmix64, chained) rather than adding them keeps nearby
     seeds and positions from sharing or overlapping random streams.
@@ -102,10 +108,32 @@ def position_generator(
             raise ValueError(f"{name} must be >= 0, got {value}")
     mixed = _splitmix64(seed & _MASK64)
     mixed = _splitmix64(mixed ^ (position & _MASK64))
-    mixed = _splitmix64(mixed ^ (stream & _MASK64))
-    generator = torch.Generator(device=device)
-    generator.manual_seed(mixed >> 1)  # 63 bits: fits every torch seed convention
-    return generator
+    return _splitmix64(mixed ^ (stream & _MASK64))
+
+
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 torch stores it."""
+    return value - (1 << 64) if value >> 63 else value
+
+
+def _shift_right(bits: torch.Tensor, count: int) -> torch.Tensor:
+    """Logical right shift of int64 bit patterns (torch's >> sign-extends)."""
+    return (bits >> count).bitwise_and_((1 << (64 - count)) - 1)
+
+
+def _splitmix64_bits(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Output number `counter` (1, 2, ...) of the SplitMix64 generator seeded with each key.
+
+    keys [N, 1] and counters [1, C] int64 -> [N, C] int64 bit patterns. Integer ops wrap
+    the same way on every device, so the bits do not depend on where they are computed.
+    """
+    bits = keys + counters * _signed(_GOLDEN_GAMMA)
+    bits ^= _shift_right(bits, 30)
+    bits *= _signed(_MIX_1)
+    bits ^= _shift_right(bits, 27)
+    bits *= _signed(_MIX_2)
+    bits ^= _shift_right(bits, 31)
+    return bits
 
 
 def request_noise(
@@ -117,26 +145,26 @@ def request_noise(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # uniform [total] float32, exponential [total, V] float32
     """Noise for each (request, position), rows in request order then position order.
 
-    Each row has its own generator, so the same (seed, position, stream) always yields the
-    same row whatever else is in the batch. Uniforms lie in (0, 1]: excluding 0 means
-    `uniform * q <= p` can never accept a token the target gives zero probability.
-    Exponentials are clamped away from 0 so `probs / exponential` is never 0 / 0.
+    Row (seed, position, stream) is outputs 1..V+1 of the SplitMix64 generator seeded with
+    noise_key: output 1 gives the uniform, output 2 + v token v's exponential. So a row
+    is the same whatever else is in the batch, whichever device computes it (a drafter on
+    CPU guesses the race of a verifier on an accelerator with the very same noise), and
+    whatever the vocabulary size (a smaller vocabulary gets a prefix of the same row).
+    The 53 high bits make a float64 u in (0, 1]; E = -log(u), rounded to float32 and
+    clamped away from 0 so `probs / exponential` is never 0 / 0.
     """
     if len(seeds) != len(positions):
         raise ValueError(f"seeds has {len(seeds)} requests but positions has {len(positions)}")
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
-    total = sum(len(request_positions) for request_positions in positions)
-    uniform = torch.empty(total, dtype=torch.float32, device=device)
-    exponential = torch.empty(total, vocab_size, dtype=torch.float32, device=device)
-    row = 0
-    for seed, request_positions in zip(seeds, positions):
-        for position in request_positions:
-            generator = position_generator(seed, position, stream, device)
-            uniform[row : row + 1].uniform_(generator=generator)
-            exponential[row].exponential_(generator=generator)
-            row += 1
-    uniform = 1.0 - uniform  # [0, 1) -> (0, 1]
+    keys = [_signed(noise_key(seed, position, stream))
+            for seed, request_positions in zip(seeds, positions) for position in request_positions]
+    key_rows = torch.tensor(keys, dtype=torch.int64).reshape(-1, 1).to(device)  # [total, 1]
+    counters = torch.arange(1, vocab_size + 2, dtype=torch.int64, device=device).unsqueeze(0)
+    bits = _shift_right(_splitmix64_bits(key_rows, counters), 11)  # [total, V + 1] in [0, 2^53)
+    unit = bits.add_(1).double().mul_(2.0**-53)  # (0, 1], exact
+    uniform = unit[:, 0].float()
+    exponential = unit[:, 1:].log_().neg_().float()
     exponential.clamp_(min=torch.finfo(torch.float32).tiny)
     return uniform, exponential
 

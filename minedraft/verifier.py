@@ -1,4 +1,4 @@
-"""The target side: verifies drafts with the lossless rejection sampler.
+"""The target side: verifies drafts with the lossless coupled rejection sampler.
 
 One forward per batch scores every request's unverified tokens plus its k_i drafts
 (k_i + 1 logits rows each); plain autoregressive decoding is the k_i = 0 case of the
@@ -28,8 +28,9 @@ class Verifier(RequestTable):
 
     def verify(self, requests: list[tuple[str, list[int]]],
                draft_probs: torch.Tensor | None = None) -> list[list[int]]:
-        """requests: (request_id, draft_token_ids); draft_probs [sum k_i, V] or None (greedy
-        drafter). -> per request the accepted drafts plus one recovered or bonus token."""
+        """requests: (request_id, draft_token_ids) -> per request the accepted drafts plus one
+        recovered or bonus token. draft_probs is ignored (coupled verification compares draft
+        tokens only); the parameter stays while verifier_svc still passes it."""
         states = [self._requests[rid] for rid, _ in requests]
         chunks = []
         for (rid, drafts), state in zip(requests, states):
@@ -45,11 +46,8 @@ class Verifier(RequestTable):
         draft_token_ids = torch.tensor([t for _, drafts in requests for t in drafts],
                                        dtype=torch.int64, device=device)
         is_greedy = torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device)
-        if draft_probs is not None and all(p.is_greedy for p in params):
-            draft_probs = None
-        new_tokens = rejection_sample(draft_token_ids, ks, draft_probs, target_probs, is_greedy,
-                                      uniform, exponential)
-        if self.synthetic_acceptance is not None:
+        new_tokens = rejection_sample(draft_token_ids, ks, target_probs, is_greedy, exponential)
+        if self.synthetic_acceptance is not None:   # after the real sampler, so timings stay real
             new_tokens = self._synthetic(requests, states, target_probs, uniform)
         for (rid, _), state, tokens in zip(requests, states, new_tokens):
             state.token_ids.extend(tokens)
@@ -71,7 +69,8 @@ class Verifier(RequestTable):
         return out
 
     def _noise(self, states: list[RequestState], ks: list[int], logits: torch.Tensor):
-        """Noise keyed by (seed, position of the token decided): batching-independent."""
+        """Noise keyed by (seed, position of the token decided): batching-independent, and the
+        same the drafter raced on for that position (Drafter._sample)."""
         rows = sum(k + 1 for k in ks)
         vocab = logits.shape[-1]
         if all(s.params.is_greedy for s in states) and self.synthetic_acceptance is None:

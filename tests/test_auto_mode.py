@@ -74,6 +74,9 @@ def test_seeded_sampling_is_reproducible_across_switches(switching, prompts):
     first = [list(r.token_ids) for r in generate_all(switching, requests, concurrency=6)]
     again = [list(r.token_ids) for r in generate_all(switching, requests, concurrency=2)]
     assert first == again
+    # Drafts never change a sampled token (coupled verification): plain decoding's output.
+    with Cluster(_config(mode="ar", k=0, drafters=0)) as ar:
+        assert first == [list(r.token_ids) for r in generate_all(ar, requests)]
 
 
 def test_speculation_off_and_capped_requests_are_honoured_in_auto_mode(switching, prompts):
@@ -94,7 +97,9 @@ def test_the_plan_and_the_cost_model_are_visible(planning, prompts, reference):
     assert plan["layout"] in LAYOUTS and plan["replans"] > 0
     assert set(plan["layout_tokens_per_s"]) <= set(LAYOUTS) and plan["layout_tokens_per_s"]
     assert len(plan["acceptance_reach"]) == K_MAX
-    verifies = [s for s in _steps(planning) if s["kind"] == "verify"]
+    steps = _steps(planning)
+    assert any(s["layout"] == "profile" for s in steps)           # the start-up profile ran
+    verifies = [s for s in steps if s["kind"] == "verify" and s["layout"] != "profile"]
     assert all(s["layout"] in LAYOUTS and len(s["draft_lengths"]) == s["verify_batch"] for s in verifies)
     assert sum(s["predicted_busy_s"] > 0 for s in verifies) > len(verifies) // 2
     assert_idle(planning)

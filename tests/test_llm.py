@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from minedraft import bundled
@@ -52,6 +54,42 @@ def test_seeded_sampling_is_reproducible(llm, prompts, mode, k):
     other = [SamplingParams(max_tokens=20, temperature=1.0, seed=99, ignore_eos=True)] * 4
     different = llm.generate(prompts[:4], other, mode=mode, k=k, max_batch=4)
     assert [o.token_ids for o in different] != [o.token_ids for o in first]
+
+
+@pytest.fixture(scope="module")
+def sampled_reference(llm, prompts):
+    params = [SamplingParams(max_tokens=24, temperature=t, top_p=p, top_k=top_k, seed=50 + i, ignore_eos=True)
+              for i, (t, p, top_k) in enumerate([(1.0, 1.0, 0), (0.7, 1.0, 0), (1.0, 0.8, 0), (0.7, 0.9, 20)] * 2)]
+    return params, [o.token_ids for o in llm.generate(prompts[:8], params, mode="ar", max_batch=8)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+def test_sampled_sd_equals_ar_token_for_token(llm, prompts, sampled_reference, k):
+    """Coupled verification: a seeded sampled request emits plain decoding's tokens whatever k."""
+    params, expected = sampled_reference
+    outputs = llm.generate(prompts[:8], params, mode="sd", k=k, max_batch=8)
+    assert [o.token_ids for o in outputs] == expected
+    assert sum(o.stats.num_accepted for o in outputs) > 0
+
+
+def test_sampled_output_does_not_depend_on_a_changing_k(llm, prompts, sampled_reference, monkeypatch):
+    """k changing every step (as the gateway's auto mode does from timings) changes nothing."""
+    params, expected = sampled_reference
+    schedule = itertools.cycle([3, 1, 5, 2, 4])
+    step = llm._step
+    monkeypatch.setattr(llm, "_step", lambda running, k: step(running, next(schedule)))
+    outputs = llm.generate(prompts[:8], params, mode="sd", k=4, max_batch=3)
+    assert [o.token_ids for o in outputs] == expected
+
+
+def test_drafter_races_on_the_verifiers_noise(prompts):
+    """With the target as its own drafter, every sampled draft is the target's own sample and
+    is accepted: drafter and verifier key the same noise to the same positions."""
+    same = LLM(TARGET, TARGET, dtype="float32")
+    params = [SamplingParams(max_tokens=16, temperature=t, top_p=p, seed=7 + i, ignore_eos=True)
+              for i, (t, p) in enumerate([(1.0, 1.0), (0.7, 0.9)])]
+    outputs = same.generate(prompts[:2], params, mode="sd", k=4, max_batch=2)
+    assert all(o.stats.num_accepted == o.stats.num_drafted > 0 for o in outputs)
 
 
 def test_preemption_when_cache_is_small(prompts, greedy_reference):

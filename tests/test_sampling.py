@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chisquare, kstest
 
 from minedraft.sampling import (
-    DRAFT_STREAM,
     VERIFY_STREAM,
-    position_generator,
+    noise_key,
     processed_probs,
     request_noise,
     sample_with_noise,
@@ -84,15 +83,49 @@ def test_bad_shapes_raise() -> None:
         processed_probs(torch.zeros(2, 3), torch.ones(3), None, None)
 
 
-def test_position_generator_is_keyed_by_all_three_ints() -> None:
-    def draw(seed: int, position: int, stream: int) -> torch.Tensor:
-        return torch.rand(4, generator=position_generator(seed, position, stream, "cpu"))
-
-    assert torch.equal(draw(7, 3, DRAFT_STREAM), draw(7, 3, DRAFT_STREAM))
-    for other in (draw(8, 3, DRAFT_STREAM), draw(7, 4, DRAFT_STREAM), draw(7, 3, VERIFY_STREAM)):
-        assert not torch.equal(draw(7, 3, DRAFT_STREAM), other)
+def test_noise_key_is_keyed_by_all_three_ints() -> None:
+    assert noise_key(7, 3, VERIFY_STREAM) == noise_key(7, 3, VERIFY_STREAM)
+    others = {noise_key(8, 3, VERIFY_STREAM), noise_key(7, 4, VERIFY_STREAM), noise_key(7, 3, VERIFY_STREAM + 1)}
+    assert noise_key(7, 3, VERIFY_STREAM) not in others and len(others) == 3
     with pytest.raises(ValueError, match="position"):
-        position_generator(1, -1, DRAFT_STREAM, "cpu")
+        noise_key(1, -1, VERIFY_STREAM)
+
+
+def _textbook_splitmix64(seed: int, count: int) -> list[int]:
+    """Outputs 1..count of SplitMix64 (Steele et al.), in Python's exact integers."""
+    mask, state, outputs = 2**64 - 1, seed, []
+    for _ in range(count):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        outputs.append(z ^ (z >> 31))
+    return outputs
+
+
+def test_request_noise_is_the_splitmix64_stream_of_the_key() -> None:
+    """Tensor ops must reproduce exact 64-bit arithmetic: that is what makes the noise the
+    same on every device, so a drafter and a verifier on different ones agree."""
+    seed, position, vocab_size = 2**64 - 1, 2**40, 5
+    uniform, exponential = request_noise([seed], [[position]], VERIFY_STREAM, vocab_size, "cpu")
+    outputs = _textbook_splitmix64(noise_key(seed, position, VERIFY_STREAM), vocab_size + 1)
+    units = torch.tensor([((bits >> 11) + 1) / 2**53 for bits in outputs], dtype=torch.float64)
+    assert torch.equal(uniform, units[:1].float())       # output 1 -> uniform
+    assert torch.equal(exponential[0], (-units[1:].log()).float())  # output 2 + v -> token v
+
+
+def test_request_noise_rows_do_not_depend_on_vocab_size() -> None:
+    """A smaller vocabulary gets a prefix of the same row, so drafts stay coupled to it."""
+    small_u, small_e = request_noise([3, 4], [[0], [9]], VERIFY_STREAM, 7, "cpu")
+    large_u, large_e = request_noise([3, 4], [[0], [9]], VERIFY_STREAM, 50, "cpu")
+    assert torch.equal(small_u, large_u) and torch.equal(small_e, large_e[:, :7])
+
+
+def test_request_noise_is_uniform_and_exponential() -> None:
+    """Kolmogorov-Smirnov at ALPHA: the race is exact only if E is really Exp(1)."""
+    uniform, exponential = request_noise(list(range(400)), [list(range(50))] * 400, VERIFY_STREAM, 10, "cpu")
+    assert kstest(uniform.double().numpy(), "uniform").pvalue > ALPHA
+    assert kstest(exponential.flatten().double().numpy(), "expon").pvalue > ALPHA
+    assert kstest(exponential[:, 3].double().numpy(), "expon").pvalue > ALPHA   # one token alone
 
 
 def test_request_noise_does_not_depend_on_batching() -> None:
