@@ -97,7 +97,7 @@ async def serve(args: argparse.Namespace) -> None:
     pairing = Pairing(engine_pb2_grpc.VerifierStub(verifier_channel), drafter_id,
                       _sender_factory(args.verifier, drafter_id, device, args.dial))
     sender = await pairing.connect()
-    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, config.torch_dtype, drafter_id)
+    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, drafter_id)
     served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                 args.host, args.port, ["minedraft.v1.Drafter"], args.port_file,
                                 credentials=args.serving.credentials(), interceptors=args.serving.interceptors())

@@ -28,7 +28,7 @@ logger = logging.getLogger("minedraft.drafter")
 
 class DrafterServicer(engine_pb2_grpc.DrafterServicer):
     def __init__(self, drafter: Drafter, sender: DraftSender, data_plane: str, model_name: str,
-                 probs_dtype: torch.dtype, drafter_id: str) -> None:
+                 drafter_id: str) -> None:
         self.drafter = drafter
         self.drafter_id = drafter_id
         self.instance_id = uuid.uuid4().hex
@@ -37,7 +37,6 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self.dismissed = False          # deregistered from the pool: do not rejoin by itself
         self.data_plane = data_plane
         self.model_name = model_name
-        self.probs_dtype = probs_dtype
         self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft")
         self.sending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="send")
 
@@ -71,14 +70,11 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         output = self.drafter.draft(items)
         busy_s = time.perf_counter() - start
         flat = [t for tokens in output.draft_token_ids for t in tokens]
-        probs = None if output.draft_probs is None else output.draft_probs.to(self.probs_dtype)
         if flat:
-            self.sending.submit(self._send, DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64),
-                                                         probs))
+            self.sending.submit(self._send, DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64)))
         # The send runs after this answer: these are the previous completed send's figures.
-        return engine_pb2.DraftStepResponse(
-            step_id=request.step_id, busy_s=busy_s, sent_bytes=self.sender.last_bytes,
-            with_probs=probs is not None)
+        return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=busy_s,
+                                            sent_bytes=self.sender.last_bytes)
 
     def _send(self, payload: DraftPayload) -> None:
         """On the send thread. A failed send loses only these drafts (the verifier verifies

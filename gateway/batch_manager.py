@@ -404,8 +404,7 @@ class BatchManager:
                 continue
             # The drafter flattened its drafts in this order; the verifier reads them so.
             drafted.extend(DraftedItem(req, k, len(sources)) for req, k in items)
-            sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id,
-                                                  with_probs=result.with_probs))
+            sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id))
         batch.drafted, batch.sources = drafted, sources
 
     # ---- failures ---------------------------------------------------------------------------

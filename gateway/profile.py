@@ -73,8 +73,7 @@ async def _step(calls: EngineCalls, drafter: DrafterHandle | None, batch: list[A
         (_, answer), = answers
         if isinstance(answer, BaseException):
             raise answer
-        sources = [engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id,
-                                          with_probs=answer.with_probs)]
+        sources = [engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id)]
         items = [DraftedItem(r, k, 0) for r in batch]
     response = await calls.verify(step_id, items, sources, layout="profile", borrow_cpus=borrow)
     for result in response.results:

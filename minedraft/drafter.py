@@ -20,9 +20,8 @@ from minedraft.sampling import VERIFY_STREAM, processed_probs, request_noise, sa
 
 @dataclass
 class DraftOutput:
-    draft_token_ids: list[list[int]]      # per request, k_i tokens
-    # Always None: coupled verification compares draft tokens only. Kept while drafter_svc reads it.
-    draft_probs: None = None
+    draft_token_ids: list[list[int]]      # per request, k_i tokens; no probabilities: coupled
+                                          # verification compares tokens only
 
 
 class Drafter(RequestTable):

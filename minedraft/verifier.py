@@ -26,11 +26,10 @@ class Verifier(RequestTable):
             raise ValueError(f"synthetic_acceptance must be in [0, 1], got {synthetic_acceptance}")
         self.synthetic_acceptance = synthetic_acceptance
 
-    def verify(self, requests: list[tuple[str, list[int]]],
-               draft_probs: torch.Tensor | None = None) -> list[list[int]]:
+    def verify(self, requests: list[tuple[str, list[int]]]) -> list[list[int]]:
         """requests: (request_id, draft_token_ids) -> per request the accepted drafts plus one
-        recovered or bonus token. draft_probs is ignored (coupled verification compares draft
-        tokens only); the parameter stays while verifier_svc still passes it."""
+        recovered or bonus token. Draft tokens are all it needs: coupled verification never
+        reads the drafter's probabilities."""
         states = [self._requests[rid] for rid, _ in requests]
         chunks = []
         for (rid, drafts), state in zip(requests, states):

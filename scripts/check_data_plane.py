@@ -1,7 +1,8 @@
-"""One step over the data plane between two processes, checked bit for bit.
+"""Steps over the data plane between two processes, checked bit for bit.
 
 NCCL when two GPUs are visible (one rank per GPU), gloo otherwise. Prints the transfer
-time of a full-vocabulary payload (64 drafts with bfloat16 probability rows).
+time of a step whose draft tokens ride in the header and of one too large for it (only
+token ids travel: coupled verification needs no draft probabilities).
 """
 
 from __future__ import annotations
@@ -13,20 +14,21 @@ import time
 import torch
 
 from minedraft.data_plane import DistributedDraftReceiver, DistributedDraftSender, DraftPayload
+from minedraft.data_plane.payload import INLINE_TOKENS
 from minedraft.service.network import free_port
 
-STEP, NUM_TOKENS = 7, 64
+STEPS = [(7, 64), (8, 4 * INLINE_TOKENS)]   # (step_id, num_tokens): in the header, then a message of its own
 
 
-def _payload(vocab: int) -> DraftPayload:
-    gen = torch.Generator().manual_seed(0)
-    return DraftPayload(STEP, torch.randint(0, vocab, (NUM_TOKENS,), generator=gen),
-                        torch.rand(NUM_TOKENS, vocab, generator=gen).to(torch.bfloat16))
+def _payload(step_id: int, num_tokens: int, vocab: int) -> DraftPayload:
+    gen = torch.Generator().manual_seed(step_id)
+    return DraftPayload(step_id, torch.randint(0, vocab, (num_tokens,), generator=gen))
 
 
 def _drafter(port: int, backend: str, device: str, vocab: int) -> None:
     sender = DistributedDraftSender("127.0.0.1", port, backend=backend, device=device)
-    sender.send(_payload(vocab))
+    for step_id, num_tokens in STEPS:
+        sender.send(_payload(step_id, num_tokens, vocab))
     sender.close()
 
 
@@ -37,15 +39,17 @@ def main(vocab: int = 151936) -> int:
     proc = mp.get_context("spawn").Process(target=_drafter, args=(port, backend, devices[1], vocab))
     proc.start()
     receiver = DistributedDraftReceiver("127.0.0.1", port, backend=backend, device=devices[0])
-    start = time.perf_counter()
-    got = receiver.recv(STEP, NUM_TOKENS, True, vocab, torch.bfloat16)
-    elapsed = time.perf_counter() - start
-    want = _payload(vocab)
-    exact = torch.equal(got.token_ids.cpu(), want.token_ids) and torch.equal(got.probs.cpu(), want.probs)
+    all_exact = True
+    for step_id, num_tokens in STEPS:
+        start = time.perf_counter()
+        got = receiver.recv(step_id, num_tokens)
+        elapsed = time.perf_counter() - start
+        exact = torch.equal(got.token_ids.cpu(), _payload(step_id, num_tokens, vocab).token_ids)
+        all_exact = all_exact and exact
+        print(f"{backend} data plane: step {step_id}, {num_tokens} drafts, {got.nbytes} B in "
+              f"{elapsed * 1e3:.1f} ms, bit-exact={exact}")
     proc.join(60)
-    print(f"{backend} data plane: step {STEP}, {got.nbytes / 1e6:.1f} MB in {elapsed * 1e3:.1f} ms, "
-          f"bit-exact={exact}")
-    return 0 if exact and proc.exitcode == 0 else 1
+    return 0 if all_exact and proc.exitcode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -105,3 +105,67 @@ def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
     newcomer = estimate.reach(AcceptanceStats())
     assert newcomer == pytest.approx((0.5, 0.5, 0.5, 0.5))       # the pool: half the steps took all four
     assert estimate.reach(good)[3] > 0.9 > newcomer[3] > 0.1 > estimate.reach(bad)[0]
+
+
+def _active(i: int, max_draft: int | None = None):
+    from gateway.request import ActiveRequest
+    from minedraft.sampling_params import SamplingParams
+    from minedraft.sequence import Sequence
+
+    return ActiveRequest(Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=64), seed=i), None, None,
+                         max_draft=max_draft)
+
+
+def _planner_with(costs: StepCosts):
+    """An AutoPlanner whose cost model has seen exactly `costs` (many exact observations)."""
+    from gateway.auto import AutoPlanner
+
+    planner = AutoPlanner(K_MAX)
+    for b in (1, 4, 8, 16):
+        for k in range(K_MAX + 1):
+            ks = [k] * b
+            planner.model.observe_verify(ks, costs.verify(ks))
+            if k:
+                planner.model.observe_draft(ks, costs.draft(ks))
+        planner.model.observe_verify([0] * b, costs.verify([0] * b), borrowed=True)
+    for _ in range(8):
+        planner.model.observe_gateway(wall_s=0.01 + costs.gateway_per_step, busy_s=0.01)
+    for _ in range(50):
+        for r in range(8):
+            planner.acceptance.record(planner.acceptance.pool, K_MAX, K_MAX)   # every draft accepted
+    return planner
+
+
+def test_a_layout_that_runs_slower_than_predicted_stops_being_chosen():
+    """psd predicted best; once its steps are measured at twice the prediction, auto leaves it."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert planner.replan(requests, K_MAX).layout == "psd"
+    for _ in range(20):
+        planner.observe_step_time("psd", measured_s=2.0, predicted_s=1.0)
+    plan = planner.replan(requests, K_MAX)
+    assert plan.layout != "psd" and planner.layout_switches == 2
+
+
+def test_requests_get_their_own_draft_lengths_within_their_caps():
+    costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(0), _active(1, max_draft=0), _active(2, max_draft=2)]
+    plan = planner.replan(requests, K_MAX)
+    assert plan.layout in ("sd", "psd")
+    assert [planner.draft_length(r, K_MAX) for r in requests] == [K_MAX, 0, 2]
+    assert planner.draft_length(requests[0], k_cap=0) == 0        # no drafter in the pool
+
+
+def test_forced_cycle_rotates_every_layout():
+    from gateway.auto import AutoPlanner
+
+    planner = AutoPlanner(K_MAX, cycle_steps=2)
+    seen = []
+    for _ in range(12):
+        if planner.replan_due():
+            seen.append(planner.replan([_active(0)], K_MAX).layout)
+        planner.observe_step_time(seen[-1], 1.0, 1.0)
+    assert set(seen) == {"ar", "sd", "psd"}

@@ -1,6 +1,6 @@
 """How the verifier's driver resolves a step's drafts from several drafters of a pool: each
-request gets exactly its drafter's rows, a greedy drafter's rows are one-hot beside a
-sampling one's, and drafts lost with their drafter are verified at k = 0."""
+request gets exactly its drafter's rows, and drafts lost with their drafter are verified
+at k = 0."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from verifier_svc.steps import StepExecutor
 class FakePairings:
     def __init__(self, payloads: dict[str, DraftPayload | None]) -> None:
         self.payloads = payloads
-        self.asked: dict[str, tuple[int, int, bool]] = {}
+        self.asked: dict[str, tuple[int, int]] = {}
 
-    def recv(self, drafter_id, step_id, num_tokens, with_probs, vocab_size, dtype, timeout_s=60.0):
-        self.asked[drafter_id] = (step_id, num_tokens, with_probs)
+    def recv(self, drafter_id, step_id, num_tokens, timeout_s=60.0):
+        self.asked[drafter_id] = (step_id, num_tokens)
         return self.payloads[drafter_id]
 
     def ever_paired(self, drafter_id) -> bool:
@@ -39,37 +39,31 @@ def executor(tiny_checkpoints) -> StepExecutor:
 def _request(items, sources) -> engine_pb2.VerifyStepRequest:
     return engine_pb2.VerifyStepRequest(
         step_id=9, items=[engine_pb2.VerifyItem(request_id=r, num_draft=k, source=s) for r, k, s in items],
-        sources=[engine_pb2.DraftSource(drafter_id=d, draft_step_id=step, with_probs=p) for d, step, p in sources])
+        sources=[engine_pb2.DraftSource(drafter_id=d, draft_step_id=step) for d, step in sources])
 
 
 def test_drafts_of_three_drafters_resolve_per_request(executor):
-    vocab = executor.vocab_size
-    sampled_probs = torch.rand(3, vocab).softmax(-1)
     pairings = FakePairings({
-        "sampler": DraftPayload(7, torch.tensor([10, 11, 12]), sampled_probs),
-        "greedy": DraftPayload(8, torch.tensor([20]), None),
+        "first": DraftPayload(7, torch.tensor([10, 11, 12])),
+        "second": DraftPayload(8, torch.tensor([20])),
         "gone": None,
     })
     request = _request(items=[("r0", 2, 0), ("r1", 1, 1), ("r2", 2, 2), ("r3", 1, 0), ("r4", 0, 0)],
-                       sources=[("sampler", 7, True), ("greedy", 8, False), ("gone", 6, False)])
-    resolved, token_ids, probs, _ = executor._collect(request, pairings)
-    assert pairings.asked == {"sampler": (7, 3, True), "greedy": (8, 1, False), "gone": (6, 2, False)}
+                       sources=[("first", 7), ("second", 8), ("gone", 6)])
+    resolved, token_ids, _ = executor._collect(request, pairings)
+    assert pairings.asked == {"first": (7, 3), "second": (8, 1), "gone": (6, 2)}
     assert [(i.request_id, i.num_draft) for i in resolved.items] == [
         ("r0", 2), ("r1", 1), ("r2", 0), ("r3", 1), ("r4", 0)]          # r2's drafts were lost
     assert token_ids.tolist() == [10, 11, 20, 12]
-    assert len(resolved.sources) == 1 and resolved.sources[0].with_probs and not resolved.sources[0].drafter_id
-    assert torch.equal(probs[0:2], sampled_probs[0:2])
-    assert torch.equal(probs[2], torch.nn.functional.one_hot(torch.tensor(20), vocab).float())
-    assert torch.equal(probs[3], sampled_probs[2])
+    assert not resolved.sources                 # what the other ranks get names no drafter
 
 
-def test_greedy_drafts_carry_no_probs_and_bad_sources_are_refused(executor):
-    pairings = FakePairings({"a": DraftPayload(3, torch.tensor([5, 6]), None)})
-    resolved, token_ids, probs, _ = executor._collect(
-        _request(items=[("x", 2, 0)], sources=[("a", 3, False)]), pairings)
-    assert token_ids.tolist() == [5, 6] and probs is None and not resolved.sources
+def test_bad_sources_are_refused(executor):
+    pairings = FakePairings({"a": DraftPayload(3, torch.tensor([5, 6]))})
+    resolved, token_ids, _ = executor._collect(_request(items=[("x", 2, 0)], sources=[("a", 3)]), pairings)
+    assert token_ids.tolist() == [5, 6] and not resolved.sources
     with pytest.raises(ValueError, match="source"):
-        executor._collect(_request(items=[("x", 2, 1)], sources=[("a", 3, False)]), pairings)
+        executor._collect(_request(items=[("x", 2, 1)], sources=[("a", 3)]), pairings)
 
 
 def test_a_drafter_that_never_paired_is_not_found_and_nothing_is_received(executor):
@@ -79,7 +73,7 @@ def test_a_drafter_that_never_paired_is_not_found_and_nothing_is_received(execut
 
     pairings = FakePairings({"known": None})
     with pytest.raises(UnknownRequest, match="sources: drafter 'stranger' never paired"):
-        executor.lead(_request(items=[], sources=[("known", 1, False), ("stranger", 1, False)]), pairings)
+        executor.lead(_request(items=[], sources=[("known", 1), ("stranger", 1)]), pairings)
     assert pairings.asked == {}
 
 
@@ -88,7 +82,7 @@ def test_lost_drafts_still_give_one_token(executor):
     verifier = executor.verifier
     verifier.add_request("p", [3, 4, 5, 6], SamplingParams(), seed=0)
     try:
-        response = executor.lead(_request(items=[("p", 3, 0)], sources=[("gone", 1, False)]),
+        response = executor.lead(_request(items=[("p", 3, 0)], sources=[("gone", 1)]),
                                  FakePairings({"gone": None}))
         assert [(r.request_id, r.num_draft, len(r.token_ids)) for r in response.results] == [("p", 0, 1)]
     finally:

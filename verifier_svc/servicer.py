@@ -106,7 +106,6 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         try:
             self.pairings.deliver(request.drafter_id, decode_payload(
                 step_id=request.step_id, draft_token_ids=request.draft_token_ids,
-                draft_probs=request.draft_probs, probs_dtype=request.probs_dtype,
                 num_tokens=request.num_tokens))
         except KeyError as err:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(err.args[0]))

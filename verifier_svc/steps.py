@@ -3,10 +3,10 @@
 Rank 0 (the driver) collects the step's drafts from the data plane (one pairing per
 drafter), resolves what it will verify, and broadcasts that to the other ranks: the step's
 control message, rewritten so it names no drafter (each item's num_draft is what arrived,
-0 for drafts lost with their drafter), then the flat draft tokens and probabilities. Every
-rank then runs the same deterministic code on the same inputs (the logits are gathered to
-full vocabulary on each rank and sampling noise is keyed by seed and position), so their
-request tables and KV caches stay in lockstep with no further communication.
+0 for drafts lost with their drafter), then the flat draft tokens. Every rank then runs the
+same deterministic code on the same inputs (the logits are gathered to full vocabulary on
+each rank and sampling noise is keyed by seed and position), so their request tables and KV
+caches stay in lockstep with no further communication.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class StepExecutor:
         self.tp = tp
         self.lender = lender
         runner = verifier.runner
-        self.vocab_size, self.dtype, self.device = runner.vocab_size, runner.config.torch_dtype, runner.device
+        self.vocab_size, self.device = runner.vocab_size, runner.device
 
     # ---- rank 0 --------------------------------------------------------------------------
     def lead(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
@@ -50,11 +50,11 @@ class StepExecutor:
         for source in request.sources:
             if pairings is None or not pairings.ever_paired(source.drafter_id):
                 raise UnknownRequest(f"sources: drafter {source.drafter_id!r} never paired with this verifier")
-        resolved, token_ids, probs, recv_s = self._collect(request, pairings, recv_deadline)
+        resolved, token_ids, recv_s = self._collect(request, pairings, recv_deadline)
         if self.tp.size > 1:
             self.tp.broadcast_bytes(resolved.SerializeToString())
-            token_ids, probs = self._broadcast_drafts(resolved, token_ids, probs)
-        response = self.execute(resolved, token_ids, probs)
+            token_ids = self._broadcast_drafts(resolved, token_ids)
+        response = self.execute(resolved, token_ids)
         response.recv_s = recv_s
         response.borrowed = borrowed
         return response
@@ -65,7 +65,7 @@ class StepExecutor:
 
     def _collect(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
                  recv_deadline: float | None = None):
-        """-> (request naming no drafter, flat draft tokens [n], probs [n, V] or None, seconds)."""
+        """-> (request naming no drafter, flat draft tokens [n], seconds waited for them)."""
         items = list(request.items)
         for item in items:
             if item.num_draft and item.source >= len(request.sources):
@@ -81,8 +81,7 @@ class StepExecutor:
                     raise ValueError("drafts expected but this verifier has no data plane")
                 timeout_s = (DRAFT_WAIT_S if recv_deadline is None
                              else max(0.05, recv_deadline - time.monotonic()))
-                payload = pairings.recv(source.drafter_id, source.draft_step_id, count, source.with_probs,
-                                        self.vocab_size, self.dtype, timeout_s)
+                payload = pairings.recv(source.drafter_id, source.draft_step_id, count, timeout_s)
             payloads.append(payload)
         recv_s = time.perf_counter() - start
         for index, (source, payload) in enumerate(zip(request.sources, payloads)):
@@ -91,10 +90,8 @@ class StepExecutor:
                                "its drafts are dropped", request.step_id, source.drafter_id)
                 payloads[index] = None
         per_source = [None if p is None else p.token_ids.to(self.device) for p in payloads]
-        probs_by_source = [None if p is None or p.probs is None else p.probs.to(self.device) for p in payloads]
-        any_probs = any(p is not None for p in probs_by_source)
         offsets = [0] * len(request.sources)
-        token_parts, prob_parts = [], []
+        token_parts = []
         resolved = engine_pb2.VerifyStepRequest(step_id=request.step_id, new_requests=request.new_requests,
                                                 finished=request.finished)
         for item in items:
@@ -106,35 +103,20 @@ class StepExecutor:
             start_row = offsets[item.source]
             offsets[item.source] += k
             token_parts.append(tokens[start_row:start_row + k])
-            if any_probs:
-                source_probs = probs_by_source[item.source]
-                if source_probs is None:    # a greedy drafter's proposal is one-hot
-                    source_probs_rows = torch.nn.functional.one_hot(
-                        tokens[start_row:start_row + k], self.vocab_size).to(self.dtype)
-                else:
-                    source_probs_rows = source_probs[start_row:start_row + k]
-                prob_parts.append(source_probs_rows)
             resolved.items.add(request_id=item.request_id, num_draft=k, drop=item.drop)
-        if any_probs and prob_parts:
-            resolved.sources.add(with_probs=True)
         token_ids = (torch.cat(token_parts) if token_parts
                      else torch.empty(0, dtype=torch.int64, device=self.device))
-        probs = torch.cat(prob_parts) if any_probs and prob_parts else None
-        return resolved, token_ids, probs, recv_s
+        return resolved, token_ids, recv_s
 
-    def _broadcast_drafts(self, resolved, token_ids: torch.Tensor, probs: torch.Tensor | None):
+    def _broadcast_drafts(self, resolved, token_ids: torch.Tensor | None) -> torch.Tensor | None:
+        """The driver's flat draft tokens to every rank; followers pass None and get them."""
         total = sum(item.num_draft for item in resolved.items)
         if total == 0:
-            return token_ids, probs
+            return token_ids
         if token_ids is None:
             token_ids = torch.empty(total, dtype=torch.int64, device=self.device)
         self.tp.broadcast(token_ids)
-        with_probs = bool(resolved.sources) and resolved.sources[0].with_probs
-        if with_probs:
-            if probs is None:
-                probs = torch.empty(total, self.vocab_size, dtype=self.dtype, device=self.device)
-            self.tp.broadcast(probs)
-        return token_ids, probs
+        return token_ids
 
     # ---- ranks > 0 -----------------------------------------------------------------------
     def follow(self) -> None:
@@ -146,15 +128,15 @@ class StepExecutor:
                 logger.info("rank %d: driver stopped", self.tp.rank)
                 return
             request = engine_pb2.VerifyStepRequest.FromString(data)
-            token_ids, probs = self._broadcast_drafts(request, None, None)
+            token_ids = self._broadcast_drafts(request, None)
             try:
-                self.execute(request, token_ids, probs)
+                self.execute(request, token_ids)
             except (ValueError, KeyError, RuntimeError) as err:
                 logger.debug("rank %d step %d: %s", self.tp.rank, request.step_id, err)
 
     # ---- every rank ----------------------------------------------------------------------
-    def execute(self, request: engine_pb2.VerifyStepRequest, token_ids: torch.Tensor | None,
-                probs: torch.Tensor | None) -> engine_pb2.VerifyStepResponse:
+    def execute(self, request: engine_pb2.VerifyStepRequest,
+                token_ids: torch.Tensor | None) -> engine_pb2.VerifyStepResponse:
         """Apply frees and new requests, then verify the resolved items. The driver checked
         the step before anything changed (`lead`) and sends the other ranks only checked
         steps: their request tables equal its own, so the check holds there too."""
@@ -173,10 +155,7 @@ class StepExecutor:
         # arrived with the batch's and are dropped here.
         keep = [i for i, item in enumerate(request.items) if not item.drop and item.request_id in verifier]
         items = [(request.items[i].request_id, flat[offsets[i]:offsets[i + 1]]) for i in keep]
-        if probs is not None and len(keep) < len(ks):
-            rows = [r for i in keep for r in range(offsets[i], offsets[i + 1])]
-            probs = probs[rows]
-        new_tokens = verifier.verify(items, None if probs is None else probs.float()) if items else []
+        new_tokens = verifier.verify(items) if items else []
         busy_s = time.perf_counter() - start
         return engine_pb2.VerifyStepResponse(
             step_id=request.step_id, busy_s=busy_s,

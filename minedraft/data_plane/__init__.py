@@ -1,8 +1,9 @@
-"""The data plane: moves one drafter step's draft tokens (and probabilities) to the verifier.
+"""The data plane: moves one drafter step's draft token ids to the verifier.
 
-Control messages (small, over gRPC) tell the verifier how many drafts a step carries, whether
-probabilities come with them, the vocabulary size and the dtype, and it checks what arrives
-against them. Two transports share one interface (`payload.py`):
+Only token ids travel: verification of sampled requests is coupled through shared noise
+(`minedraft.rejection_sampler`), so draft probabilities are never needed. Control messages
+(small, over gRPC) tell the verifier how many drafts a step carries, and it checks what
+arrives against them. Two transports share one interface (`payload.py`):
 
 - `distributed.py`: torch.distributed point-to-point on a two-rank process group built from
   its own `TCPStore`, never the global default group, so one verifier process can pair with
@@ -20,9 +21,9 @@ from minedraft.data_plane.distributed import (DistributedDraftReceiver, Distribu
                                              listen_store)
 from minedraft.data_plane.inband import InBandDraftReceiver, InBandDraftSender, decode_payload, encode_payload
 from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_TAG, VERIFIER_RANK, DraftPayload, DraftReceiver,
-                                          DraftSender, empty_payload, step_tags)
+                                          DraftSender, empty_payload, step_tag)
 from minedraft.data_plane.pairings import DraftPairings
 
 __all__ = ["DRAFTER_RANK", "HEADER_TAG", "VERIFIER_RANK", "DistributedDraftReceiver", "DistributedDraftSender",
            "DraftPairings", "DraftPayload", "DraftReceiver", "DraftSender", "InBandDraftReceiver", "InBandDraftSender",
-           "connect_pair", "decode_payload", "empty_payload", "encode_payload", "listen_store", "step_tags"]
+           "connect_pair", "decode_payload", "empty_payload", "encode_payload", "listen_store", "step_tag"]

@@ -8,9 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from minedraft.data_plane.payload import (_CODE_DTYPES, DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS,
-                                          VERIFIER_RANK, DraftPayload, _header, _TransferMeter, empty_payload,
-                                          step_tags)
+from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS, VERIFIER_RANK,
+                                          DraftPayload, _header, _TransferMeter, empty_payload, step_tag)
 from minedraft.process_groups import check_backend, master_store, new_group
 
 
@@ -73,12 +72,9 @@ class DistributedDraftSender(_DistributedEnd):
     def send(self, payload: DraftPayload) -> None:
         if payload.num_tokens == 0:
             return
-        tokens_tag, probs_tag = step_tags(payload.step_id)
         tensors = [(_header(payload), HEADER_TAG, "header")]
         if payload.num_tokens > INLINE_TOKENS:
-            tensors.append((payload.token_ids, tokens_tag, "draft tokens"))
-        if payload.probs is not None:
-            tensors.append((payload.probs, probs_tag, "draft probs"))
+            tensors.append((payload.token_ids, step_tag(payload.step_id), "draft tokens"))
         for tensor, tag, what in tensors:
             on_device = tensor.to(self.device).contiguous()
             work = self._group.send([on_device], VERIFIER_RANK, tag)
@@ -113,19 +109,14 @@ class DistributedDraftReceiver(_DistributedEnd):
     def _receive_one(self, timeout: timedelta) -> DraftPayload:
         header = torch.empty(HEADER_FIELDS + INLINE_TOKENS, dtype=torch.int64, device=self.device)
         _wait(self._group.recv([header], DRAFTER_RANK, HEADER_TAG), timeout, -1, "receiving a header")
-        step_id, num_tokens, has_probs, vocab, dtype_code = header[:HEADER_FIELDS].tolist()
-        tokens_tag, probs_tag = step_tags(step_id)
+        step_id, num_tokens = header[:HEADER_FIELDS].tolist()
         if num_tokens <= INLINE_TOKENS:
             token_ids = header[HEADER_FIELDS:HEADER_FIELDS + num_tokens].clone()
         else:
             token_ids = torch.empty(num_tokens, dtype=torch.int64, device=self.device)
-            _wait(self._group.recv([token_ids], DRAFTER_RANK, tokens_tag), timeout, step_id,
+            _wait(self._group.recv([token_ids], DRAFTER_RANK, step_tag(step_id)), timeout, step_id,
                   "receiving draft tokens")
-        probs = None
-        if has_probs:
-            probs = torch.empty(num_tokens, vocab, dtype=_CODE_DTYPES[dtype_code], device=self.device)
-            _wait(self._group.recv([probs], DRAFTER_RANK, probs_tag), timeout, step_id, "receiving draft probs")
-        return DraftPayload(step_id, token_ids, probs)
+        return DraftPayload(step_id, token_ids)
 
     def _receive_forever(self) -> None:
         while not self._closed:
@@ -140,10 +131,9 @@ class DistributedDraftReceiver(_DistributedEnd):
                 self._ready[payload.step_id] = payload
                 self._cond.notify_all()
 
-    def recv(self, step_id: int, num_tokens: int, with_probs: bool, vocab_size: int,
-             dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
+    def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
         if num_tokens == 0:
-            return empty_payload(step_id, with_probs, vocab_size, dtype, self.device)
+            return empty_payload(step_id, self.device)
         if self._thread is None:
             payload = self._receive_one(timedelta(seconds=timeout_s))
         else:
@@ -155,13 +145,9 @@ class DistributedDraftReceiver(_DistributedEnd):
                 if not arrived:
                     raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
                 payload = self._ready.pop(step_id)
-        expected = (step_id, num_tokens, vocab_size if with_probs else None, dtype if with_probs else None)
-        got = (payload.step_id, payload.num_tokens,
-               None if payload.probs is None else payload.probs.shape[1],
-               None if payload.probs is None else payload.probs.dtype)
+        expected, got = (step_id, num_tokens), (payload.step_id, payload.num_tokens)
         if got != expected:
-            raise ValueError(f"data plane: step {step_id} expected (step, tokens, vocab, dtype) "
-                             f"{expected}, received {got}")
+            raise ValueError(f"data plane: step {step_id} expected (step, tokens) {expected}, received {got}")
         self._record(payload.nbytes)
         return payload
 

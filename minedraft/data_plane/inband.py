@@ -8,18 +8,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from minedraft.data_plane.payload import DraftPayload, _TransferMeter, empty_payload
+from minedraft.data_plane.payload import DraftPayload, _TransferMeter
 
-# dtype -> (little-endian numpy dtype of the raw bytes, torch dtype to view the tensor as first).
-# bfloat16 has no numpy dtype, so its bits travel as int16.
-_WIRE_DTYPES: dict[torch.dtype, tuple[str, torch.dtype]] = {
-    torch.int64: ("<i8", torch.int64),
-    torch.float32: ("<f4", torch.float32),
-    torch.float16: ("<f2", torch.float16),
-    torch.bfloat16: ("<i2", torch.int16),
-}
-_DTYPE_NAMES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16,
-                                        "bfloat16": torch.bfloat16}
+_WIRE_TOKENS = "<i8"   # token ids travel as little-endian int64 whatever the host's byte order
 
 
 class InBandDraftSender(_TransferMeter):
@@ -58,8 +49,7 @@ class InBandDraftReceiver(_TransferMeter):
             self._pending[payload.step_id] = payload
             self._ready.notify_all()
 
-    def recv(self, step_id: int, num_tokens: int, with_probs: bool, vocab_size: int,
-             dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload:
+    def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
         with self._ready:
             arrived = self._ready.wait_for(
                 lambda: step_id in self._pending or self._closed, timeout=timeout_s)
@@ -68,7 +58,7 @@ class InBandDraftReceiver(_TransferMeter):
             if not arrived:
                 raise TimeoutError(f"no drafts arrived for step {step_id} within {timeout_s}s")
             payload = self._pending.pop(step_id)
-        payload = _check_payload(payload, num_tokens, with_probs, vocab_size, dtype)
+        payload = _check_payload(payload, num_tokens)
         self._record(payload.nbytes)
         return payload
 
@@ -79,68 +69,29 @@ class InBandDraftReceiver(_TransferMeter):
             self._ready.notify_all()
 
 
-def _check_payload(payload: DraftPayload, num_tokens: int, with_probs: bool, vocab_size: int,
-                   dtype: torch.dtype) -> DraftPayload:
+def _check_payload(payload: DraftPayload, num_tokens: int) -> DraftPayload:
     """Hold an in-band payload to what the control message promised."""
-    step = payload.step_id
     if payload.num_tokens != num_tokens:
-        raise ValueError(f"step {step}: expected {num_tokens} draft tokens, got "
+        raise ValueError(f"step {payload.step_id}: expected {num_tokens} draft tokens, got "
                          f"{payload.num_tokens}")
-    if num_tokens == 0:  # zero rows carry no vocab width; normalise the shape
-        return empty_payload(step, with_probs, vocab_size, dtype)
-    if not with_probs:
-        if payload.probs is not None:
-            raise ValueError(f"step {step}: expected no draft probs, got some")
-        return payload
-    if payload.probs is None:
-        raise ValueError(f"step {step}: expected draft probs, got none")
-    if payload.probs.shape != (num_tokens, vocab_size) or payload.probs.dtype != dtype:
-        raise ValueError(f"step {step}: expected draft probs {dtype} [{num_tokens}, "
-                         f"{vocab_size}], got {payload.probs.dtype} "
-                         f"{list(payload.probs.shape)}")
     return payload
 
 
-def _to_bytes(tensor: torch.Tensor) -> bytes:
-    wire_np, view_as = _WIRE_DTYPES[tensor.dtype]
-    host = tensor.detach().cpu().contiguous().view(view_as)
-    return host.numpy().astype(wire_np, copy=False).tobytes()
-
-
-def _from_bytes(raw: bytes, dtype: torch.dtype) -> torch.Tensor:
-    wire_np, view_as = _WIRE_DTYPES[dtype]
-    array = np.frombuffer(raw, dtype=wire_np).astype(np.dtype(wire_np).newbyteorder("="))
-    return torch.from_numpy(array).view(dtype)
-
-
-def encode_payload(payload: DraftPayload) -> dict[str, int | bytes | str]:
-    """Fields of the `minedraft.v1.DraftPayload` message; empty probs bytes mean greedy."""
-    probs = payload.probs
+def encode_payload(payload: DraftPayload) -> dict[str, int | bytes]:
+    """Fields of the `minedraft.v1.DraftPayload` message."""
+    host = payload.token_ids.detach().cpu().contiguous().numpy()
     return {
         "step_id": payload.step_id,
-        "draft_token_ids": _to_bytes(payload.token_ids),
-        "draft_probs": b"" if probs is None else _to_bytes(probs),
-        "probs_dtype": "" if probs is None else str(probs.dtype).removeprefix("torch."),
+        "draft_token_ids": host.astype(_WIRE_TOKENS, copy=False).tobytes(),
         "num_tokens": payload.num_tokens,
     }
 
 
-def decode_payload(step_id: int, draft_token_ids: bytes, draft_probs: bytes, probs_dtype: str,
-                   num_tokens: int) -> DraftPayload:
-    """Inverse of `encode_payload`; the vocab width follows from the byte count."""
-    token_ids = _from_bytes(draft_token_ids, torch.int64)
-    if token_ids.numel() != num_tokens:
-        raise ValueError(f"step {step_id}: num_tokens={num_tokens} but "
-                         f"{token_ids.numel()} token ids arrived")
-    if not probs_dtype:
-        return DraftPayload(step_id, token_ids, None)
-    if probs_dtype not in _DTYPE_NAMES:
-        raise ValueError(f"step {step_id}: unsupported probs dtype {probs_dtype!r}; "
-                         f"expected one of {sorted(_DTYPE_NAMES)}")
-    flat = _from_bytes(draft_probs, _DTYPE_NAMES[probs_dtype])
-    if num_tokens == 0:
-        return DraftPayload(step_id, token_ids, flat.view(0, 0))
-    if flat.numel() % num_tokens:
-        raise ValueError(f"step {step_id}: {flat.numel()} probs do not split into "
-                         f"{num_tokens} rows")
-    return DraftPayload(step_id, token_ids, flat.view(num_tokens, -1))
+def decode_payload(step_id: int, draft_token_ids: bytes, num_tokens: int) -> DraftPayload:
+    """Inverse of `encode_payload`."""
+    if len(draft_token_ids) % 8:
+        raise ValueError(f"step {step_id}: {len(draft_token_ids)} bytes of token ids are not whole int64s")
+    array = np.frombuffer(draft_token_ids, dtype=_WIRE_TOKENS).astype(np.int64)
+    if array.size != num_tokens:
+        raise ValueError(f"step {step_id}: num_tokens={num_tokens} but {array.size} token ids arrived")
+    return DraftPayload(step_id, torch.from_numpy(array))

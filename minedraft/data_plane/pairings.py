@@ -105,8 +105,8 @@ class DraftPairings:
             raise KeyError(f"drafter_id: {drafter_id!r} has no in-band pairing with this verifier")
         pairing.receiver.deliver(payload)
 
-    def recv(self, drafter_id: str, step_id: int, num_tokens: int, with_probs: bool,
-             vocab_size: int, dtype: torch.dtype, timeout_s: float = 60.0) -> DraftPayload | None:
+    def recv(self, drafter_id: str, step_id: int, num_tokens: int,
+             timeout_s: float = 60.0) -> DraftPayload | None:
         """One drafter step's drafts, or None when they are lost with their drafter."""
         pairing = self._pairings.get(drafter_id)
         if pairing is None:
@@ -115,7 +115,7 @@ class DraftPairings:
         try:
             if not pairing.formed.wait(timeout_s) or pairing.receiver is None:
                 raise TimeoutError(f"pairing with drafter {drafter_id} not formed") from pairing.error
-            payload = pairing.receiver.recv(step_id, num_tokens, with_probs, vocab_size, dtype, timeout_s)
+            payload = pairing.receiver.recv(step_id, num_tokens, timeout_s)
         except (RuntimeError, TimeoutError) as err:
             logger.warning("drafter %s: drafts of step %d lost (%s); dropping its pairing",
                            drafter_id, step_id, err)

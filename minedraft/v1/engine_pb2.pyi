@@ -54,16 +54,14 @@ class DraftStepRequest(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("step_id", "busy_s", "sent_bytes", "with_probs")
+    __slots__ = ("step_id", "busy_s", "sent_bytes")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
-    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     busy_s: float
     sent_bytes: int
-    with_probs: bool
-    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
     __slots__ = ("request_id", "num_draft", "source", "drop")
@@ -78,14 +76,12 @@ class VerifyItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ..., source: _Optional[int] = ..., drop: _Optional[bool] = ...) -> None: ...
 
 class DraftSource(_message.Message):
-    __slots__ = ("drafter_id", "draft_step_id", "with_probs")
+    __slots__ = ("drafter_id", "draft_step_id")
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
-    WITH_PROBS_FIELD_NUMBER: _ClassVar[int]
     drafter_id: str
     draft_step_id: int
-    with_probs: bool
-    def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ..., with_probs: _Optional[bool] = ...) -> None: ...
+    def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ...) -> None: ...
 
 class VerifyStepRequest(_message.Message):
     __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "borrow_cpus", "after_step_id")
@@ -130,20 +126,16 @@ class VerifyStepResponse(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class DraftPayload(_message.Message):
-    __slots__ = ("step_id", "drafter_id", "draft_token_ids", "draft_probs", "probs_dtype", "num_tokens")
+    __slots__ = ("step_id", "drafter_id", "draft_token_ids", "num_tokens")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_PROBS_FIELD_NUMBER: _ClassVar[int]
-    PROBS_DTYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     drafter_id: str
     draft_token_ids: bytes
-    draft_probs: bytes
-    probs_dtype: str
     num_tokens: int
-    def __init__(self, step_id: _Optional[int] = ..., drafter_id: _Optional[str] = ..., draft_token_ids: _Optional[bytes] = ..., draft_probs: _Optional[bytes] = ..., probs_dtype: _Optional[str] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., drafter_id: _Optional[str] = ..., draft_token_ids: _Optional[bytes] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class PutDraftsResponse(_message.Message):
     __slots__ = ()
