@@ -8,7 +8,7 @@ LAYOUTS = ("ar", "sd", "psd")
 MODES = ("auto", *LAYOUTS)
 # What `minedraft bench` compares: the serving modes and sd with the drafter sharing the
 # verifier's cores, as standard speculative decoding runs.
-BENCH_MODES = ("ar", "sd", "sd-colocated", "psd")
+BENCH_MODES = ("auto", "ar", "sd", "sd-colocated", "psd")
 # Names of torch dtypes; torch itself is imported only where tensors are made.
 DTYPES = ("float32", "bfloat16", "float16")
 # How drafts travel drafter -> verifier: a torch.distributed pair group, or gRPC in-band.

@@ -109,8 +109,9 @@ def test_tables_share_their_columns():
                         "1.13 | nan |")
     assert table[2].endswith("| 4.0 | 1.1 |  |  |  |")        # ar: no ceiling to show
     printed = terminal_table([ar, psd], 8).splitlines()
-    assert printed[-1].split() == ["psd", "4", "449.5", "7.00", "0.94", "1.39", "0.16", "12.9", "3.44", "4.0",
+    assert printed[-2].split() == ["psd", "4", "449.5", "7.00", "0.94", "1.39", "0.16", "12.9", "3.44", "4.0",
                                    "1.1", "1.13", "1.13", "nan", "yes"]
+    assert printed[-1] == "headline: psd: +4% against the best fixed setting (ar)"
     assert "psd as 2 x 4" in printed[1] and "one batch of 1" in terminal_table([], 1)
 
 

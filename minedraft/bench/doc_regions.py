@@ -11,7 +11,8 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from minedraft.bench.table import best_by_mode, by_concurrency, markdown_tables, psd_gains
+from minedraft.bench.headline import FIXED_MODES, ONE_CORE_AR, headline, percent, setting
+from minedraft.bench.table import by_concurrency, markdown_tables
 
 README = "README.md"
 BENCHMARKS = "docs/benchmarks.md"
@@ -25,7 +26,8 @@ WORKLOAD_FLAGS = {
     "all_cpus": "--all-cpus", "synthetic_acceptance": "--synthetic-acceptance",
     "random_weights": "--random-weights", "dtype": "--dtype", "target_device": "--target-device",
     "draft_device": "--draft-device", "num_blocks": "--num-blocks", "unequal": "--unequal",
-    "peers": "--peers",
+    "peers": "--peers", "psd_k": "--psd-k", "auto_k": "--auto-k", "rate_steps": "--rate-steps",
+    "memory_bound": "--memory-bound",
 }
 
 
@@ -39,17 +41,22 @@ def replace_region(text: str, name: str, body: str) -> str:
     return f"{head}{start}\n{body}\n{end}{tail}"
 
 
-def reproduce_command(config: dict) -> str:
-    """The `minedraft bench` line that measures what `config` (a bench.json's) measured."""
+def reproduce_command(config: dict, modes: list[str] | None = None) -> str:
+    """The `minedraft bench` line that measures what `config` (a bench.json's) measured;
+    `modes` as this harness names them, where they differ from the config's."""
     from minedraft.bench.main import add_parser
 
     defaults = vars(add_parser(argparse.ArgumentParser().add_subparsers()).parse_args([]))
-    words = ["minedraft bench", "--modes", *config["modes"], "--k", *map(str, config["k"]),
+    words = ["minedraft bench", "--modes", *(modes or config["modes"]), "--k", *map(str, config["k"]),
              "--concurrency", *map(str, config["concurrency"])]
     for dest, flag in WORKLOAD_FLAGS.items():
         value = config.get(dest, defaults[dest])
-        if value != defaults[dest]:
-            words += [flag] if isinstance(value, bool) else [flag, str(value)]
+        if value == defaults[dest]:
+            continue
+        if isinstance(value, bool):
+            words.append(flag)
+        else:
+            words += [flag, *map(str, value if isinstance(value, list) else [value])]
     return " ".join([*words, "--out", config["out"]])
 
 
@@ -64,29 +71,51 @@ def _series(parts: list[str], last: str = " and ") -> str:
 
 
 def readme_summary(report: dict) -> str:
-    """A few sentences: psd's best-k gain over each baseline's best k at every concurrency run,
-    and the commands that reproduce the run and these figures."""
+    """A few sentences: the headline at every concurrency run (auto, or psd in runs without
+    it, against the best fixed setting and transformers' generate), and the commands that
+    reproduce the run and these figures."""
     config = report["config"]
     runs = by_concurrency(report)
-    clauses = []
+    fixed, generate, subject, modes = [], [], "", set()
     for concurrency, rows in runs.items():
-        gains = psd_gains(best_by_mode(rows))
-        if gains:   # the baselines are named once, at the first concurrency
-            parts = [gain if clauses else f"{gain} over {label}" for label, gain in gains]
-            clauses.append(f"{_series(parts)} at concurrency {concurrency}")
-    if not clauses:
-        return "The committed run has no psd run to compare."
+        top = headline(rows)
+        if top is None:
+            continue
+        subject = top.subject["mode"]
+        figures = top.figures()
+        modes |= {r["mode"] for r in rows}
+        if "over_best_fixed" in figures:
+            against = setting(top.best_fixed)
+            fixed.append(f"{percent(figures['over_best_fixed'])} ({against}) at concurrency {concurrency}")
+        if "over_generate" in figures:
+            generate.append(f"{percent(figures['over_generate'])} at concurrency {concurrency}")
+    if not fixed and not generate:
+        return "The committed run has no auto or psd run to compare."
     source = f"{config['out']}/bench.json"
-    text = (f"From one run on {_machine(report)} (`{source}`, {config['max_tokens']} tokens a "
-            f"request, every mode at the same concurrency), psd's output throughput at its best "
-            f"k, against each mode at its best k, was {_series(clauses, ', and ')} (sd: the "
-            f"drafter on its own device, as in psd, without the overlap).")
+    baselines = [m for m in FIXED_MODES if m in modes and m != subject]
+    text = (f"From one run on {_machine(report)} (`{source}`, {config['max_tokens']} tokens a request, every "
+            f"mode at the same concurrency), {subject}'s output throughput"
+            + (" at its best k" if subject == "psd" else ""))
+    if fixed:
+        text += (f", against the best fixed setting on the same cores (the fastest of {_series(baselines, ' or ')} "
+                 f"at any k), was {_series(fixed, ', and ')}")
+    if generate:
+        text += f"{';' if fixed else ','} against transformers' generate on all cores, {_series(generate, ', and ')}"
+    text += "."
+    one_core = ONE_CORE_AR in modes and "ar" not in modes
+    if one_core:
+        text += " In this run ar's verifier had one core (ar-1core), so ar is not among the fixed settings."
     if all(r.get("same_as_ar") is True for rows in runs.values() for r in rows):
         text += " Every run's output equalled ar's token for token."
     text += " To reproduce the run, then update these figures from it:"
     return "\n".join([textwrap.fill(text, 92, break_on_hyphens=False, break_long_words=False), "",
-                      f"    {reproduce_command(config)}",
+                      f"    {reproduce_command(config, _one_core_modes(config) if one_core else None)}",
                       f"    python scripts/bench_table.py {source} --write"])
+
+
+def _one_core_modes(config: dict) -> list[str]:
+    """A run from before ar had every core asked for ar: today that is ar-1core."""
+    return [ONE_CORE_AR if mode == "ar" else mode for mode in config["modes"]]
 
 
 def regenerate(report: dict, root: Path) -> dict[Path, str]:

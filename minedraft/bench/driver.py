@@ -1,8 +1,11 @@
 """Drives a workload through the public streaming API and times every request.
 
 Closed loop: `concurrency` workers, each sends its next request when the last finishes.
-Open loop: requests arrive as a Poisson process at `request_rate` per second, whatever
-is in flight. Streaming gives time to first token and time per output token.
+Open loop: requests arrive at given times (a Poisson process: `--request-rate`, or one whose
+rate steps, phases.py), at most `concurrency` in flight as in the closed loop; an arrival
+that finds them all busy waits, and its latency and time to first token count from its
+arrival, as its user would see them. Streaming gives time to first token, time per output
+token and when each token arrived.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import accumulate
 
 from tqdm import tqdm
 
@@ -27,6 +31,7 @@ class RequestTiming:
     token_ids: list[int]
     # Kept as the one definition's counts, so a run's figures come from merging them.
     acceptance: AcceptanceStats
+    token_s: list[float] = field(default_factory=list)   # when each token arrived (run clock)
 
 
 def _acceptance(summary: AcceptanceSummary | None) -> AcceptanceStats:
@@ -37,36 +42,47 @@ def _acceptance(summary: AcceptanceSummary | None) -> AcceptanceStats:
                            list(summary.drafted_at), list(summary.accepted_at))
 
 
-async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bool, t0: float) -> RequestTiming:
-    start = time.perf_counter()
+async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bool, t0: float,
+               arrival_s: float | None = None) -> RequestTiming:
+    """One streamed request; timed from `arrival_s` (run clock) when given, else from now."""
+    start = t0 + arrival_s if arrival_s is not None else time.perf_counter()
     first = None
     tokens: list[int] = []
+    token_s: list[float] = []
     stats = None
     async for chunk in client.stream(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos):
+        now = time.perf_counter()
         if chunk.token_ids and first is None:
-            first = time.perf_counter()
+            first = now
         tokens.extend(chunk.token_ids)
+        token_s.extend([now - t0] * len(chunk.token_ids))
         stats = chunk.stats or stats
     end = time.perf_counter()
     return RequestTiming(start - t0, (first or end) - start, end - t0, len(tokens), tokens,
-                         _acceptance(stats))
+                         _acceptance(stats), token_s)
+
+
+def poisson_times(count: int, rate: float, seed: int = 0) -> list[float]:
+    """`count` arrival times of a Poisson process at `rate` per second, the first at 0."""
+    rng = random.Random(seed)
+    return list(accumulate([0.0] + [rng.expovariate(rate) for _ in range(count - 1)]))[:count]
 
 
 async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool,
-                       concurrency: int, request_rate: float | None, label: str,
-                       seed: int = 0) -> tuple[list[RequestTiming], float]:
-    """-> per-request timings (in prompt order) and the run's wall time."""
+                       concurrency: int, arrivals: list[float] | None, label: str) -> tuple[list[RequestTiming], float]:
+    """arrivals: each prompt's arrival time in s (open loop), None for the closed loop.
+    -> per-request timings (in prompt order) and the run's wall time."""
     results: list[RequestTiming | None] = [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc=label, unit="req", leave=False)
     async with AsyncClient(address, timeout=3600) as client:
         await client.wait_ready(60)
         t0 = time.perf_counter()
 
-        async def run_index(i: int) -> None:
-            results[i] = await _one(client, prompts[i], max_tokens, ignore_eos, t0)
+        async def run_index(i: int, arrival_s: float | None = None) -> None:
+            results[i] = await _one(client, prompts[i], max_tokens, ignore_eos, t0, arrival_s)
             bar.update(1)
 
-        if request_rate is None:
+        if arrivals is None:
             queue = list(range(len(prompts)))[::-1]
 
             async def worker() -> None:
@@ -75,17 +91,16 @@ async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
-            rng = random.Random(seed)
             limit = asyncio.Semaphore(concurrency)
 
             async def limited(i: int) -> None:
                 async with limit:
-                    await run_index(i)
+                    await run_index(i, arrivals[i])
 
             tasks = []
-            for i in range(len(prompts)):
+            for i, arrival_s in enumerate(arrivals):
+                await asyncio.sleep(max(0.0, t0 + arrival_s - time.perf_counter()))
                 tasks.append(asyncio.ensure_future(limited(i)))
-                await asyncio.sleep(rng.expovariate(request_rate))
             await asyncio.gather(*tasks)
         wall = time.perf_counter() - t0
     bar.close()

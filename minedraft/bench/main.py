@@ -1,14 +1,19 @@
 """`minedraft bench`: every mode on the same prompts, hardware and concurrency, in one run.
 
-Modes: ar; sd (drafter on its own device: the fair baseline, same devices as psd, no
+Modes: auto (the gateway picks the layout and each request's draft length at every step,
+from a cost model it measures; k is the longest draft it may choose); ar, the verifier on
+every core the other modes use; sd (drafter on its own device: same devices as psd, no
 overlap); sd-colocated (drafter and verifier share all devices, as standard speculative
-decoding runs); psd. At concurrency C, ar and both sd modes hold the C requests as one
-batch, psd as two batches of C/2 (one batch of 1 at C = 1, where it has no overlap ceiling).
-Writes one JSON with every number and PNG plots.
+decoding runs); psd; and, on request only, ar-1core (the verifier on one core, labelled).
+At concurrency C, ar and both sd modes hold the C requests as one batch, psd as two batches
+of C/2 (one batch of 1 at C = 1, where it has no overlap ceiling), auto C in the layout it
+picks. The headline is auto against the best fixed setting and transformers' generate
+(headline.py). Writes one JSON with every number and PNG plots.
 
-This file is the run loop and the flags. The rest of the harness: workload.py (prompts),
-driver.py (drives requests and times them), report.py (the numbers of a run and of psd
-against sd), table.py (how the numbers are shown), environment.py, plots.py, peers.py
+This file is the run loop and the flags. The rest of the harness: runs.py (presets and the
+list of runs), workload.py (prompts), driver.py (drives requests and times them), phases.py
+(a rate that steps), report.py (the numbers of a run), headline.py (what auto is measured
+against), table.py (how the numbers are shown), environment.py, plots.py, peers.py
 (transformers), doc_regions.py (the docs' figures, regenerated from a bench.json).
 """
 
@@ -18,128 +23,175 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import time
+import sys
 from pathlib import Path
 
-from minedraft.bench.driver import run_workload
+from minedraft.bench.driver import poisson_times, run_workload
 from minedraft.bench.environment import environment
+from minedraft.bench.headline import ONE_CORE_AR, headline
 from minedraft.bench.peers import peer_rows
-from minedraft.bench.plots import plot_timeline, plot_vs_concurrency, plot_vs_k
-from minedraft.bench.report import psd_against_sd, request_metrics, step_metrics
+from minedraft.bench.phases import (format_rate_steps, parse_rate_steps, phase_metrics, poisson_arrivals,
+                                    throughput_series)
+from minedraft.bench.plots import plot_auto, plot_rate_steps, plot_timeline, plot_vs_concurrency, plot_vs_k
+from minedraft.bench.report import (acceptance_by_kind, auto_metrics, model_error, plain, psd_against_sd,
+                                    request_metrics, step_metrics)
+from minedraft.bench.runs import PEERS, SERVER, UNEQUAL, Progress, RunSpec, apply_presets, run_list, serve_config
 from minedraft.bench.table import terminal_table
-from minedraft.bench.workload import load_prompts
+from minedraft.bench.workload import DATASETS, Workload, load_workload
 from minedraft.client import Client
 from minedraft.constants import BENCH_MODES, DATA_PLANES, DTYPES
 from minedraft.launcher import Cluster, ServeConfig
-from minedraft.service.placement import parse_cpus
 
 
-def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) -> ServeConfig:
-    base = dict(k=k, port=0, data_plane=args.data_plane, target=args.target, draft=args.draft,
-                synthetic_acceptance=args.synthetic_acceptance, random_weights=args.random_weights,
-                dtype=args.dtype, target_device=args.target_device, draft_device=args.draft_device,
-                num_blocks=args.num_blocks)
-    if mode == "psd":
-        return ServeConfig(mode="psd", max_batch=max(1, concurrency // 2), **base)
-    if mode == "sd-colocated":
-        cpus = args.all_cpus
-        threads = max(1, len(parse_cpus(cpus)))
-        return ServeConfig(mode="sd", max_batch=concurrency, target_cpus=cpus, draft_cpus=cpus,
-                           target_threads=threads, draft_threads=threads, **base)
-    return ServeConfig(mode=mode, max_batch=concurrency, **base)
+def arrivals_for(count: int, args: argparse.Namespace) -> list[float] | None:
+    """Each request's arrival time in an open loop; None for the closed loop."""
+    if args.rate_steps:
+        return poisson_arrivals(args.rate_steps)
+    return None if args.request_rate is None else poisson_times(count, args.request_rate)
 
 
-def measure(address: str, mode: str, k: int, concurrency: int, prompts: list[str],
-            args: argparse.Namespace) -> dict:
+def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> Workload:
+    """The prompts of a run: as many as the --rate-steps schedule sends, else --num-prompts
+    (default 2C), `scale` times over."""
+    count = len(poisson_arrivals(args.rate_steps)) if args.rate_steps else args.num_prompts or 2 * concurrency
+    return load_workload(args.dataset, scale * count)
+
+
+def measure(address: str, mode: str, k: int, concurrency: int, workload: Workload, args: argparse.Namespace,
+            config: ServeConfig | None = None) -> dict:
     """Drive the workload through a running gateway and collect its step records."""
     label = f"{mode} k={k} C={concurrency}"
     with Client(address, timeout=600) as client:
-        client.generate(prompts[0], max_tokens=4)                          # warm-up
+        client.generate(workload.prompts[0], max_tokens=4)                          # warm-up
         skip = len(client.step_stats())
-    timings, wall = asyncio.run(run_workload(
-        address, prompts, args.max_tokens, args.ignore_eos, concurrency, args.request_rate, label))
+    arrivals = arrivals_for(len(workload.prompts), args)
+    if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
+        workload = Workload(workload.prompts[:len(arrivals)], workload.kinds[:len(arrivals)])
+    timings, wall = asyncio.run(run_workload(address, workload.prompts, args.max_tokens, args.ignore_eos,
+                                             concurrency, arrivals, label))
     with Client(address, timeout=600) as client:
-        steps = client.step_stats()[skip:]
-    row = {"mode": mode, "k": k, "concurrency": concurrency, **request_metrics(timings, wall),
-           **step_metrics(steps)}
+        steps = plain(client.step_stats())[skip:]
+        info = plain(client.server_info())
+    row = {"mode": mode, "k": k, "concurrency": concurrency,
+           # Whose cores: None where a running gateway's placement is unknown (--server).
+           "verifier_cpus": config and config.target_cpus, "verifier_threads": config and config.target_threads,
+           "drafter_cpus": config and (config.draft_cpus if config.mode != "ar" else ""),
+           **request_metrics(timings, wall), **step_metrics(steps), **model_error(steps), **auto_metrics(steps)}
+    by_kind = acceptance_by_kind(timings, workload.kinds)
+    if by_kind:
+        row["acceptance_by_kind"] = by_kind
+    if args.rate_steps:
+        row["phases"] = phase_metrics(timings, args.rate_steps)
+        row["tokens_per_s_series"] = throughput_series(timings)
+        # Where the schedule's clock starts on the gateway's (the first request's first step).
+        row["schedule_start_s"] = min((c["start_s"] for c in steps), default=0.0) - min(t.start_s for t in timings)
+    if info.get("cost_model", {}).get("draft_calls") or info.get("cost_model", {}).get("verify_calls"):
+        row["cost_model"] = info["cost_model"]
+    if info.get("mode") == "auto":
+        row["plan"] = info.get("plan", {})
     return {"row": row, "steps": steps, "token_ids": [t.token_ids for t in timings]}
 
 
-def run_one(mode: str, k: int, concurrency: int, prompts: list[str], args: argparse.Namespace) -> dict:
-    with Cluster(serve_config(mode, k, concurrency, args)) as cluster:
-        return measure(cluster.address, mode, k, concurrency, prompts, args)
+def run_one(spec: RunSpec, workload: Workload, args: argparse.Namespace) -> dict:
+    config = serve_config(spec.mode, spec.k, spec.concurrency, args)
+    with Cluster(config) as cluster:
+        return measure(cluster.address, spec.mode, spec.k, spec.concurrency, workload, args, config)
 
 
-def run_unequal(k: int, concurrency: int, prompts: list[str], args: argparse.Namespace) -> dict:
+def run_unequal(k: int, concurrency: int, workload: Workload, args: argparse.Namespace) -> dict:
     """psd holding 2C requests (two batches of C) against sd's C: flatters psd whenever
     batching is cheap, so it is printed only on request and labelled."""
     config = dataclasses.replace(serve_config("psd", k, concurrency, args), max_batch=concurrency)
     with Cluster(config) as cluster:
-        result = measure(cluster.address, "psd-2xC", k, 2 * concurrency, prompts, args)
+        result = measure(cluster.address, UNEQUAL, k, 2 * concurrency, workload, args, config)
     result["row"]["label"] = f"UNEQUAL: psd holds {2 * concurrency} requests, sd {concurrency}"
     return result
 
 
-def measure_all(concurrency: int, prompts: list[str], args: argparse.Namespace) -> dict:
-    """(mode, k) -> measured run, for every mode and k asked for (or the one --server runs)."""
-    runs = {}
-    if args.server:
-        with Client(args.server, timeout=60) as client:
-            info = client.server_info()
-        runs[(info["mode"], info["k"])] = measure(args.server, info["mode"], info["k"], concurrency,
-                                                  prompts, args)
-    for mode in ([] if args.server else args.modes):
-        for k in ([0] if mode == "ar" else args.k):
-            runs[(mode, k)] = run_one(mode, k, concurrency, prompts, args)
-    if args.unequal and "psd" in args.modes and not args.server:
-        more = load_prompts(args.dataset, 2 * (args.num_prompts or 2 * concurrency))
-        for k in args.k:
-            runs[("psd-2xC", k)] = run_unequal(k, concurrency, more, args)
-    return runs
+def run_server(concurrency: int, workload: Workload, args: argparse.Namespace) -> tuple[tuple[str, int], dict]:
+    """--server: the running gateway in its own mode and k; -> ((mode, k), measured run)."""
+    with Client(args.server, timeout=60) as client:
+        info = client.server_info()
+    return (info["mode"], info["k"]), measure(args.server, info["mode"], info["k"], concurrency, workload, args)
 
 
 def compare(runs: dict, concurrency: int, args: argparse.Namespace) -> None:
-    """Fill in what each row says against the others: same output as ar, psd against sd."""
-    reference = runs[("ar", 0)]["token_ids"] if ("ar", 0) in runs else None
+    """Fill in what each row says against the others: same output as ar, psd against sd at
+    the same k (the overlap's own figures)."""
+    reference = next((runs[key]["token_ids"] for key in (("ar", 0), (ONE_CORE_AR, 0)) if key in runs), None)
     for (mode, k), result in runs.items():
         row = result["row"]
         # Synthetic acceptance changes outputs by design: there is nothing to compare.
-        row["same_as_ar"] = (None if args.synthetic_acceptance is not None or mode == "psd-2xC"
+        row["same_as_ar"] = (None if args.synthetic_acceptance is not None or mode == UNEQUAL
                              else reference is None or result["token_ids"] == reference)
         if mode == "psd" and ("sd", k) in runs:
             sd = runs[("sd", k)]
             row.update(psd_against_sd(row, result["steps"], sd["row"], sd["steps"], concurrency))
 
 
+def measure_concurrency(specs: list[RunSpec], concurrency: int, args: argparse.Namespace,
+                        progress: Progress) -> tuple[dict, list[dict]]:
+    """Every run at one concurrency -> ((mode, k) -> measured run, transformers' rows)."""
+    workload = workload_for(concurrency, args)
+    runs, peers = {}, []
+    for spec in specs:
+        progress.begin(spec)
+        if spec.mode == PEERS:
+            peers = peer_rows(args, workload.prompts, concurrency)
+        elif spec.mode == SERVER:
+            key, result = run_server(concurrency, workload, args)
+            runs[key] = result
+        elif spec.mode == UNEQUAL:
+            runs[(UNEQUAL, spec.k)] = run_unequal(spec.k, concurrency, workload_for(concurrency, args, 2), args)
+        else:
+            runs[(spec.mode, spec.k)] = run_one(spec, workload, args)
+        progress.end()
+    return runs, peers
+
+
+def plot_runs(runs: dict, concurrency: int, args: argparse.Namespace, out: Path) -> None:
+    """The timeline of psd's best k, and what auto chose over time (with the rate, if it stepped)."""
+    psd_runs = [r for (m, _), r in runs.items() if m == "psd"]
+    if psd_runs:
+        best = max(psd_runs, key=lambda r: r["row"]["output_tokens_per_s"])
+        plot_timeline(best["steps"], f"psd k={best['row']['k']} C={concurrency}", out)
+    for (mode, k), result in runs.items():
+        if mode == "auto":
+            plot_auto(result["steps"], f"auto k={k} C={concurrency}", out, args.rate_steps,
+                      result["row"].get("schedule_start_s"))
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.quick:
-        args.modes, args.k, args.concurrency = list(BENCH_MODES), [4, 6], [8]
-        args.num_prompts = args.num_prompts or 16
+    problem = apply_presets(args)
+    if problem:
+        print(f"minedraft bench: error: {problem}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "environment": environment(),
-              "runs": []}
+    config = {key: v for key, v in vars(args).items() if key != "func"}
+    if args.rate_steps:
+        config["rate_steps"] = format_rate_steps(args.rate_steps)
+    report = {"config": config, "environment": environment(), "runs": []}
     rows = []
-    started = time.perf_counter()
+    specs = run_list(args)
+    progress = Progress(len(specs))
     for concurrency in args.concurrency:
-        prompts = load_prompts(args.dataset, args.num_prompts or 2 * concurrency)
-        runs = measure_all(concurrency, prompts, args)
+        runs, peers = measure_concurrency([s for s in specs if s.concurrency == concurrency], concurrency,
+                                          args, progress)
         compare(runs, concurrency, args)
-        measured = [result["row"] for result in runs.values()]
-        report["runs"] += [{**result["row"], "step_records": result["steps"]} for result in runs.values()]
-        if args.peers:
-            peers = peer_rows(args, prompts, concurrency)
-            measured += peers
-            report["runs"] += peers
+        measured = [result["row"] for result in runs.values()] + peers
+        top = headline(measured)
+        if top is not None and top.subject["mode"] == "auto":
+            top.subject.update(top.figures())
+        report["runs"] += [{**result["row"], "step_records": result["steps"]} for result in runs.values()] + peers
         rows += measured
         print(terminal_table(measured, concurrency))
-        psd_runs = [r for (m, _), r in runs.items() if m == "psd"]
-        if psd_runs:
-            best = max(psd_runs, key=lambda r: r["row"]["output_tokens_per_s"])
-            plot_timeline(best["steps"], f"psd k={best['row']['k']} C={concurrency}", out)
+        plot_runs(runs, concurrency, args, out)
     plot_vs_k(rows, out)
     plot_vs_concurrency(rows, out)
-    report["elapsed_s"] = time.perf_counter() - started
+    if args.rate_steps:
+        plot_rate_steps(rows, args.rate_steps, out)
+    report["elapsed_s"] = progress.elapsed_s()
     (out / "bench.json").write_text(json.dumps(report, indent=1, default=float))
     print(f"\nwrote {out / 'bench.json'} and plots in {out} ({report['elapsed_s']:.0f} s)")
     return 0 if all(r["same_as_ar"] is not False for r in rows) else 1
@@ -148,9 +200,13 @@ def run(args: argparse.Namespace) -> int:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     from minedraft import bundled
 
-    bench = sub.add_parser("bench", help="benchmark ar, sd, sd-colocated and psd side by side")
-    bench.add_argument("--modes", nargs="+", default=list(BENCH_MODES), choices=BENCH_MODES)
+    bench = sub.add_parser("bench", help="benchmark auto, ar, sd, sd-colocated and psd side by side")
+    bench.add_argument("--modes", nargs="+", default=list(BENCH_MODES), choices=(*BENCH_MODES, ONE_CORE_AR),
+                       help=f"default: {' '.join(BENCH_MODES)}; {ONE_CORE_AR}: ar with the verifier on one core")
     bench.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
+    bench.add_argument("--psd-k", type=int, nargs="+", default=None, help="psd's draft lengths (default: --k)")
+    bench.add_argument("--auto-k", type=int, default=None,
+                       help="the longest draft auto may choose (default: the largest --k)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[8])
     bench.add_argument("--num-prompts", type=int, default=0, help="default: 2 x concurrency")
     bench.add_argument("--max-tokens", type=int, default=64)
@@ -158,9 +214,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="stop at EOS instead of generating exactly --max-tokens")
     bench.add_argument("--request-rate", type=float, default=None,
                        help="open loop: Poisson arrivals per second (default: closed loop)")
-    bench.add_argument("--dataset", default=None, help="ShareGPT .json, Spec-Bench question.jsonl or JSONL")
+    bench.add_argument("--rate-steps", type=parse_rate_steps, default=None, metavar="RATE:SECONDS,...",
+                       help='open loop whose Poisson rate steps, e.g. "2:20,8:20,2:20" (requests/s : seconds); '
+                            "as many prompts as arrive; throughput is also reported per phase")
+    bench.add_argument("--dataset", default=None,
+                       help=f"ShareGPT .json, Spec-Bench question.jsonl or JSONL, or a shipped set: "
+                            f"{', '.join(DATASETS)} (code and prose prompts alternating, acceptance per kind)")
     bench.add_argument("--data-plane", default="gloo", choices=DATA_PLANES)
-    bench.add_argument("--all-cpus", default="0-1", help="cores shared by sd-colocated")
+    bench.add_argument("--all-cpus", default="0-1", help="cores of ar's verifier, of sd-colocated and of transformers")
     bench.add_argument("--target", default=bundled.TARGET)
     bench.add_argument("--draft", default=bundled.DRAFT)
     bench.add_argument("--synthetic-acceptance", type=float, default=None,
@@ -168,6 +229,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             "whatever the models say (outputs are then not the target's)")
     bench.add_argument("--random-weights", action="store_true",
                        help="read only config.json of --target/--draft and draw random weights (timing only)")
+    bench.add_argument("--memory-bound", action="store_true",
+                       help="a random-weight 256M target that does not fit in the CPU cache and a small draft "
+                            "(shipped configs), --synthetic-acceptance 0.7 unless given: a GPU-like stand-in")
     bench.add_argument("--dtype", default="float32", choices=DTYPES)
     bench.add_argument("--target-device", default="cpu")
     bench.add_argument("--draft-device", default="cpu")
@@ -180,6 +244,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="also run transformers generate (batch C) and assisted generation (batch 1)")
     bench.add_argument("--out", default="bench_out")
     bench.add_argument("--quick", action="store_true",
-                       help="C=8, k in {4, 6}, all modes: a little over a minute on 2 CPU cores")
+                       help="C=8, k in {4, 6}, all default modes: a minute or two on 2 CPU cores")
+    bench.add_argument("--sweep", action="store_true",
+                       help="C in 1..64 (powers of 2), all default modes, k in {2, 4, 6} (psd also 8): hours")
     bench.set_defaults(func=run, ignore_eos=True)
     return bench

@@ -49,14 +49,19 @@ def transformers_generate(tokenizer, model, prompts: list[str], new_tokens: int,
 
 
 def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) -> list[dict]:
-    """transformers in this process on all cores: batched generate at batch C, and assisted
-    generation (speculative, batch 1 only) on the same prompts and output length."""
+    """transformers in this process on all cores (--all-cpus' count of threads): batched generate
+    at batch C, and assisted generation (speculative, batch 1 only) on the same prompts and
+    output length."""
     import torch
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    from minedraft.service.placement import parse_cpus
+
+    torch.set_num_threads(len(parse_cpus(args.all_cpus)) or os.cpu_count() or 1)
     tokenizer, model, assistant = load_peer(args.target, args.draft)
     rows = []
     for mode, batch, helper in [("hf-generate", concurrency, None), ("hf-assisted", 1, assistant)]:
+        # Warm-up, as our services get one: a first call's one-off costs are no part of the rate.
+        transformers_generate(tokenizer, model, prompts[:batch], 4, batch, helper)
         tps = transformers_generate(tokenizer, model, prompts, args.max_tokens, batch, helper)
         rows.append({"mode": mode, "k": 0, "concurrency": concurrency if helper is None else 1,
                      "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True})

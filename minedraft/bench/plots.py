@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from minedraft.constants import BENCH_MODES
+from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S
+from minedraft.bench.phases import Phase, phase_bounds
+from minedraft.constants import LAYOUTS
+
+# The modes run at equal concurrency, in drawing order: auto last, so it lies on top.
+EQUAL_MODES = (ONE_CORE_AR, "ar", "sd", "sd-colocated", "psd", "auto")
+# Modes with one k for the whole run (plain decoding, or auto's k_max): a flat line against k.
+FLAT_STYLES = {"ar": "--", ONE_CORE_AR: ":", "auto": "-"}
+AUTO_STYLE = dict(color="black", linewidth=3, zorder=5)
 
 
 def _pyplot():
@@ -16,22 +24,31 @@ def _pyplot():
     return plt
 
 
+def _style(mode: str) -> dict:
+    return dict(AUTO_STYLE) if mode == "auto" else {}
+
+
+def _file_name(prefix: str, title: str) -> str:
+    return prefix + title.replace("=", "").replace(" ", "_").lower() + ".png"
+
+
 def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
     plt = _pyplot()
-    rows = [r for r in rows if r["mode"] in BENCH_MODES]     # equal concurrency only
+    rows = [r for r in rows if r["mode"] in EQUAL_MODES]     # equal concurrency only
     written = []
     for concurrency in sorted({r["concurrency"] for r in rows}):
         fig, (ax_tps, ax_p99) = plt.subplots(1, 2, figsize=(10, 4))
-        for mode in sorted({r["mode"] for r in rows}):
-            pts = sorted((r["k"], r["output_tokens_per_s"], r["latency_p99_s"]) for r in rows
-                         if r["mode"] == mode and r["concurrency"] == concurrency)
+        here = [r for r in rows if r["concurrency"] == concurrency]
+        swept = sorted({r["k"] for r in here if r["mode"] not in FLAT_STYLES}) or [0]
+        for mode in (m for m in EQUAL_MODES if any(r["mode"] == m for r in here)):
+            pts = sorted((r["k"], r[TOKENS_PER_S], r["latency_p99_s"]) for r in here if r["mode"] == mode)
             ks = [p[0] for p in pts]
-            style = "--" if mode == "ar" else "-o"
-            if mode == "ar" and len(pts) == 1:
-                ks = sorted({r["k"] for r in rows if r["k"]}) or [0]
-                pts = [pts[0]] * len(ks)
-            ax_tps.plot(ks, [p[1] for p in pts], style, label=mode)
-            ax_p99.plot(ks, [p[2] for p in pts], style, label=mode)
+            if mode in FLAT_STYLES:         # drawn across the k swept by the others
+                ks, pts = swept, [max(pts, key=lambda p: p[1])] * len(swept)
+            style = FLAT_STYLES.get(mode, "-o")
+            label = f"{mode} (k_max {pts[0][0]})" if mode == "auto" else mode
+            ax_tps.plot(ks, [p[1] for p in pts], style, label=label, **_style(mode))
+            ax_p99.plot(ks, [p[2] for p in pts], style, label=label, **_style(mode))
         ax_tps.set(xlabel="draft length k", ylabel="output tokens/s", title=f"throughput, C={concurrency}")
         ax_p99.set(xlabel="draft length k", ylabel="p99 latency (s)", title=f"p99 latency, C={concurrency}")
         ax_tps.legend()
@@ -44,17 +61,23 @@ def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
 
 
 def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
+    """Each mode at its best k against concurrency, transformers' generate dotted, auto on
+    top in a thick black line."""
     plt = _pyplot()
-    rows = [r for r in rows if r["mode"] in BENCH_MODES]     # equal concurrency only
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode in sorted({r["mode"] for r in rows}):
-        best = {}
+    rows = [r for r in rows if r["mode"] in (GENERATE, *EQUAL_MODES)]     # equal concurrency only
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for mode in (m for m in (GENERATE, *EQUAL_MODES) if any(r["mode"] == m for r in rows)):
+        best: dict[int, float] = {}
         for r in rows:
             if r["mode"] == mode:
-                c = r["concurrency"]
-                best[c] = max(best.get(c, 0.0), r["output_tokens_per_s"])
+                best[r["concurrency"]] = max(best.get(r["concurrency"], 0.0), r[TOKENS_PER_S])
         cs = sorted(best)
-        ax.plot(cs, [best[c] for c in cs], "-o", label=f"{mode} (best k)")
+        label = "transformers generate" if mode == GENERATE else mode if mode in FLAT_STYLES else f"{mode} (best k)"
+        ax.plot(cs, [best[c] for c in cs], ":o" if mode == GENERATE else "-o", label=label, **_style(mode))
+    concurrencies = sorted({r["concurrency"] for r in rows})
+    if len(concurrencies) > 1 and concurrencies[-1] >= 4 * concurrencies[0]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(concurrencies, labels=[str(c) for c in concurrencies])
     ax.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput at equal concurrency")
     ax.legend()
     fig.tight_layout()
@@ -62,6 +85,73 @@ def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _draw_rate(ax, phases: list[Phase]) -> None:
+    bounds = phase_bounds(phases)
+    xs = [start for start, _ in bounds] + [bounds[-1][1]]
+    ax.step(xs, [p.rate for p in phases] + [phases[-1].rate], where="post", color="tab:gray")
+    ax.set(ylabel="arrivals/s")
+
+
+def plot_auto(steps: list[dict], title: str, out: Path, phases: list[Phase] | None = None,
+              schedule_start_s: float | None = None) -> Path | None:
+    """What auto chose over the run: the layout of each step and its requests' mean and
+    longest draft length, and the offered rate where it stepped (the schedule's start placed
+    at the first request's first step); None for a run with no auto steps."""
+    from minedraft.bench.report import auto_steps
+
+    chosen = auto_steps(steps)
+    if not chosen:
+        return None
+    plt = _pyplot()
+    origin = schedule_start_s if schedule_start_s is not None else chosen[0][0]
+    times = [start - origin for start, _, _ in chosen]
+    panels = 3 if phases else 2
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 1.8 * panels + 1), sharex=True)
+    ax_layout, ax_k = axes[0], axes[1]
+    ax_layout.plot(times, [LAYOUTS.index(layout) if layout in LAYOUTS else -1 for _, layout, _ in chosen],
+                   "|", markersize=8, color="black")
+    ax_layout.set_yticks(range(len(LAYOUTS)), labels=list(LAYOUTS))
+    ax_layout.set_ylim(-0.5, len(LAYOUTS) - 0.5)
+    ax_layout.set(ylabel="layout", title=title)
+    ax_k.plot(times, [sum(ks) / len(ks) if ks else 0 for _, _, ks in chosen], ".", markersize=3, label="mean k")
+    ax_k.plot(times, [max(ks, default=0) for _, _, ks in chosen], "_", markersize=6, alpha=0.7, label="max k")
+    ax_k.set(ylabel="draft length")
+    ax_k.legend(loc="upper right")
+    if phases:
+        _draw_rate(axes[2], phases)
+    axes[-1].set(xlabel="s since the run's start")
+    fig.tight_layout()
+    path = out / _file_name("", title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_rate_steps(rows: list[dict], phases: list[Phase], out: Path) -> list[Path]:
+    """Per concurrency: each mode's output tokens/s over time (its best k, 1 s bins) under a
+    rate that steps, with the offered rate below."""
+    plt = _pyplot()
+    written = []
+    rows = [r for r in rows if r.get("tokens_per_s_series")]
+    for concurrency in sorted({r["concurrency"] for r in rows}):
+        here = [r for r in rows if r["concurrency"] == concurrency]
+        fig, (ax_tps, ax_rate) = plt.subplots(2, 1, figsize=(10, 5), sharex=True, height_ratios=(3, 1))
+        for mode in (m for m in EQUAL_MODES if any(r["mode"] == m for r in here)):
+            best = max((r for r in here if r["mode"] == mode), key=lambda r: r[TOKENS_PER_S])
+            series = best["tokens_per_s_series"]
+            ax_tps.plot(range(len(series)), series, label=f"{mode} k={best['k']}", **_style(mode))
+        ax_tps.set(ylabel="output tokens/s", title=f"a stepping rate, C={concurrency}")
+        ax_tps.legend()
+        _draw_rate(ax_rate, phases)
+        ax_rate.set(xlabel="s since the run's start")
+        fig.tight_layout()
+        path = out / f"rate_steps_c{concurrency}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
 
 
 def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12) -> Path:
@@ -93,7 +183,7 @@ def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12)
     ax.set_xlim(left=0)
     ax.set(xlabel="ms", title=title)
     fig.tight_layout()
-    path = out / ("timeline_" + title.replace("=", "").replace(" ", "_").lower() + ".png")
+    path = out / _file_name("timeline_", title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -1,9 +1,12 @@
-"""Numbers of one benchmark run, from client timings and the gateway's step records, and the
-figures derived from comparing runs (psd against sd, the overlap ceiling)."""
+"""Numbers of one benchmark run, from client timings and the gateway's step records (shares
+of the run, auto's choices, the cost model's accuracy), and the mechanism figures of psd
+against sd at the same k (the overlap ceiling). Headline comparisons: headline.py."""
 
 from __future__ import annotations
 
 import statistics
+from collections import Counter
+from typing import Any
 
 from minedraft.bench.driver import RequestTiming
 from minedraft.metrics import AcceptanceStats
@@ -25,6 +28,33 @@ def acceptance(timings: list[RequestTiming]) -> AcceptanceStats:
     for timing in timings:
         total.merge(timing.acceptance)
     return total
+
+
+def plain(value: Any) -> Any:
+    """A value from the client (protobuf messages, repeated and map fields included) as plain
+    Python, so step records and server info can be stored as JSON."""
+    if value is None or isinstance(value, (str, bytes, bool, int, float)):
+        return value
+    if hasattr(value, "DESCRIPTOR"):                      # a message
+        return {f.name: plain(getattr(value, f.name)) for f in value.DESCRIPTOR.fields}
+    if hasattr(value, "items"):                           # a dict or a map field
+        return {key: plain(item) for key, item in value.items()}
+    return [plain(item) for item in value]                # a list or a repeated field
+
+
+def acceptance_by_kind(timings: list[RequestTiming], kinds: list[str]) -> dict[str, dict]:
+    """The acceptance figures of each kind of prompt (code, prose, ...); empty when the
+    prompts carry no kind or nothing was drafted. `kinds` is in prompt order, as the timings are."""
+    if not any(kinds) or not any(t.acceptance.num_drafted for t in timings):
+        return {}
+    merged: dict[str, AcceptanceStats] = {}
+    counts: Counter[str] = Counter()
+    for timing, kind in zip(timings, kinds, strict=True):
+        merged.setdefault(kind, AcceptanceStats()).merge(timing.acceptance)
+        counts[kind] += 1
+    return {kind: {"requests": counts[kind], "acceptance_rate": stats.acceptance_rate,
+                   "mean_acceptance_length": stats.mean_acceptance_length if stats.num_steps else 1.0}
+            for kind, stats in merged.items()}
 
 
 def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
@@ -142,3 +172,39 @@ def psd_against_sd(psd_row: dict, psd_steps: list[dict], sd_row: dict, sd_steps:
             # A gain over a gain: meaningless when the ceiling promises (almost) none.
             "overlap_efficiency": ((psd_over_sd - 1) / (ceiling - 1)
                                    if ceiling > 1 + MIN_CEILING_GAIN else float("nan"))}
+
+
+def model_error(calls: list[dict]) -> dict:
+    """The cost model's accuracy over the run: median |predicted - measured| / measured busy
+    time per kind of call, from the records that carry a prediction (predicted_busy_s > 0).
+    nan for a kind with none (ar drafts nothing; an older gateway predicts nothing)."""
+    errors: dict[str, list[float]] = {"draft": [], "verify": []}
+    for c in calls:
+        kind, predicted = c.get("kind"), c.get("predicted_busy_s", 0.0)
+        measured = c.get(f"{kind}_busy_s", 0.0)      # draft_busy_s or verify_busy_s
+        if kind in errors and predicted > 0 and measured > 0:
+            errors[kind].append(abs(predicted - measured) / measured)
+    nan = float("nan")
+    return {"model_error_draft": statistics.median(errors["draft"]) if errors["draft"] else nan,
+            "model_error_verify": statistics.median(errors["verify"]) if errors["verify"] else nan,
+            "model_predictions": len(errors["draft"]) + len(errors["verify"])}
+
+
+def auto_steps(calls: list[dict]) -> list[tuple[float, str, list[int]]]:
+    """(start_s, layout, draft lengths) of each step auto ran, in time order: its verify calls,
+    which exist in every layout (draft lengths empty or 0 where it decoded plainly)."""
+    steps = [c for c in calls if c.get("kind") == "verify" and c.get("layout")]
+    return sorted((c.get("start_s", 0.0), c["layout"], list(c.get("draft_lengths", []))) for c in steps)
+
+
+def auto_metrics(calls: list[dict]) -> dict:
+    """What auto chose over the run: each layout's share of its steps and the draft lengths
+    (mean over every request of every step, and the longest); {} for a run with no layouts."""
+    steps = auto_steps(calls)
+    if not steps:
+        return {}
+    layouts = Counter(layout for _, layout, _ in steps)
+    lengths = [k for _, _, ks in steps for k in ks]
+    return {"layout_share": {layout: n / len(steps) for layout, n in layouts.most_common()},
+            "mean_draft_length": statistics.mean(lengths) if lengths else 0.0,
+            "max_draft_length": max(lengths, default=0)}

@@ -1,15 +1,15 @@
 """The columns of a benchmark table, each figure's formatting defined once, and the two views
 of them: the terminal table `minedraft bench` prints and the markdown tables of
-docs/benchmarks.md (scripts/bench_table.py)."""
+docs/benchmarks.md (scripts/bench_table.py). A column no row has a figure for is left out of
+both, so a run without auto or a cost model shows no empty auto columns."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from minedraft.constants import BENCH_MODES
-
-TOKENS_PER_S = "output_tokens_per_s"
+from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, runs_of
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,25 @@ def _same_as_ar(row: dict) -> str:
     return "n/a" if same is None else "yes" if same else "NO"
 
 
+def _layout(row: dict) -> str:
+    """auto's most used layout and its share of the steps, e.g. "psd 62%"."""
+    share = row.get("layout_share")
+    if not share:
+        return ""
+    layout = max(share, key=share.get)
+    return f"{layout} {share[layout] * 100:.0f}%"
+
+
+def _model_error(row: dict) -> str:
+    """The cost model's median relative error, draft calls / verify calls ("-": no prediction)."""
+    if not row.get("model_predictions"):
+        return ""
+    parts = (row.get(f"model_error_{kind}", float("nan")) for kind in ("draft", "verify"))
+    return "/".join("-" if math.isnan(e) else f"{e * 100:.0f}%" for e in parts)
+
+
 MODE = Column("mode", 13, lambda row: row["mode"])
-# transformers' rows (hf-*) choose their own draft length: no k to show.
+# transformers' rows (hf-*) choose their own draft length: no k to show. auto's is k_max.
 K = Column("k", 3, lambda row: "" if row["mode"].startswith("hf-") else str(row["k"]))
 THROUGHPUT = Column("tok/s", 8, _figure(TOKENS_PER_S, ".1f"))
 REQUESTS = Column("req/s", 7, _figure("requests_per_s", ".2f"))
@@ -45,11 +62,20 @@ COLUMNS = (MODE, K, THROUGHPUT, REQUESTS,
            Column("ceil", 6, _figure("ceiling", ".2f")),
            Column("psd/sd", 7, _figure("psd_over_sd", ".2f")),
            Column("eff", 6, _figure("overlap_efficiency", ".2f")),
+           Column("layout", 9, _layout),
+           Column("mean k", 7, _figure("mean_draft_length", ".2f")),
+           Column("model err", 10, _model_error),
+           Column("/best", 6, _figure("over_best_fixed", ".2f")),
+           Column("/gen", 6, _figure("over_generate", ".2f")),
            SAME_AS_AR)
 # The docs state once, above the tables, that every output equals ar's.
 MARKDOWN_COLUMNS = tuple(c for c in COLUMNS if c not in (REQUESTS, SAME_AS_AR))
-# What psd's best k is compared with, and how a reader is told so.
-GAIN_BASELINES = (("sd", "the best sd"), ("sd-colocated", "co-located sd"), ("ar", "ar"))
+# The rows of a run that go in its tables, in this order within a concurrency.
+TABLE_MODES = ("auto", "ar", ONE_CORE_AR, "sd", "sd-colocated", "psd", GENERATE)
+
+
+def _present(columns: Iterable[Column], rows: list[dict]) -> tuple[Column, ...]:
+    return tuple(c for c in columns if c in (MODE, K, THROUGHPUT) or any(c.cell(row) for row in rows))
 
 
 def _terminal_line(cells: Iterable[str], columns: Iterable[Column]) -> str:
@@ -66,38 +92,67 @@ def _note(row: dict) -> str | None:
     return None
 
 
+def headline_text(rows: list[dict]) -> str:
+    """"auto: +3% over the best fixed setting (psd, k=4), -5% over transformers generate"."""
+    top = headline(rows)
+    gains = top.gains() if top else []
+    return f"{top.subject['mode']}: " + ", ".join(f"{g} against {label}" for label, g in gains) if gains else ""
+
+
+def _details(rows: list[dict]) -> list[str]:
+    """Figures a row has too many of for a column: acceptance per kind of prompt, and the
+    throughput and latency of each phase of a --rate-steps run."""
+    lines = []
+    for row in rows:
+        who = f"{row['mode']} k={row['k']}"
+        if row.get("acceptance_by_kind"):
+            kinds = ", ".join(f"{kind} {a['mean_acceptance_length']:.2f} ({a['acceptance_rate'] * 100:.0f}%)"
+                              for kind, a in row["acceptance_by_kind"].items())
+            lines.append(f"  {who}: MAL (acceptance rate) by kind: {kinds}")
+        if row.get("phases"):
+            phases = " | ".join(f"{p['rate']:g}/s: {p[TOKENS_PER_S]:.1f} tok/s, p50 {p['latency_p50_s']:.2f} s"
+                                for p in row["phases"])
+            lines.append(f"  {who}: per phase: {phases}")
+    return lines
+
+
 def terminal_table(rows: list[dict], concurrency: int) -> str:
     """The rows measured at one concurrency, as `minedraft bench` prints them."""
     half = concurrency // 2
     psd = f"2 x {half}" if half else "one batch of 1"
-    lines = [f"\n== concurrency {concurrency}: ar/sd hold {concurrency} requests as one batch, "
-             f"psd as {psd} ==", _terminal_line((c.header for c in COLUMNS), COLUMNS)]
+    columns = _present(COLUMNS, [r for r in rows if _note(r) is None])
+    lines = [f"\n== concurrency {concurrency}: ar/sd hold {concurrency} requests as one batch, psd as {psd}, "
+             f"auto {concurrency} in the layout it picks ==", _terminal_line((c.header for c in columns), columns)]
     short = (MODE, K, THROUGHPUT)
     for row in rows:
         note = _note(row)
         if note is None:
-            lines.append(_terminal_line((c.cell(row) for c in COLUMNS), COLUMNS))
+            lines.append(_terminal_line((c.cell(row) for c in columns), columns))
         else:
             lines.append(_terminal_line((c.cell(row) for c in short), short) + "   " + note)
-    return "\n".join(lines)
+    lines += _details(rows)
+    text = headline_text(rows)
+    return "\n".join(lines + ([f"headline: {text}"] if text else []))
 
 
 def markdown_table(rows: list[dict], top: dict | None = None) -> list[str]:
     """One markdown table; `top`'s throughput is set in bold."""
-    lines = ["| " + " | ".join(c.header for c in MARKDOWN_COLUMNS) + " |",
-             "|" + "---|" * len(MARKDOWN_COLUMNS)]
+    columns = _present(MARKDOWN_COLUMNS, rows)
+    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        cells = [c.cell(row) for c in MARKDOWN_COLUMNS]
+        cells = [c.cell(row) for c in columns]
         if row is top:
-            index = MARKDOWN_COLUMNS.index(THROUGHPUT)
+            index = columns.index(THROUGHPUT)
             cells[index] = f"**{cells[index]}**"
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def by_concurrency(report: dict) -> dict[int, list[dict]]:
-    """The side-by-side runs (ar, sd, sd-colocated, psd) of a bench.json, per concurrency."""
-    runs = [r for r in report["runs"] if r["mode"] in BENCH_MODES]
+    """The side-by-side runs of a bench.json (our modes and transformers' generate), per
+    concurrency, auto first."""
+    runs = [r for r in runs_of(report) if r["mode"] in TABLE_MODES]
+    runs.sort(key=lambda r: TABLE_MODES.index(r["mode"]))      # stable: each mode's k stay in order
     return {c: [r for r in runs if r["concurrency"] == c] for c in sorted({r["concurrency"] for r in runs})}
 
 
@@ -107,24 +162,19 @@ def best_by_mode(rows: list[dict]) -> dict[str, dict]:
     return {m: max((r for r in rows if r["mode"] == m), key=lambda r: r[TOKENS_PER_S]) for m in modes}
 
 
-def psd_gains(best: dict[str, dict]) -> list[tuple[str, str]]:
-    """psd's best k against each baseline's best k -> (baseline label, "+6%")."""
-    if "psd" not in best:
-        return []
-    psd = best["psd"][TOKENS_PER_S]
-    return [(label, f"{(psd / best[mode][TOKENS_PER_S] - 1) * 100:+.0f}%")
-            for mode, label in GAIN_BASELINES if mode in best]
+def _best_k(mode: str, row: dict) -> str:
+    return mode if mode.startswith("hf-") else f"{mode} (k={row['k']})"
 
 
 def markdown_tables(report: dict) -> str:
-    """A table per concurrency, each followed by the best k of every mode and psd's gains."""
+    """A table per concurrency, each followed by the best k of every mode and the headline."""
     out: list[str] = []
     for concurrency, rows in by_concurrency(report).items():
         best = best_by_mode(rows)
         out += [f"### Concurrency {concurrency}", "",
                 *markdown_table(rows, top=max(rows, key=lambda r: r[TOKENS_PER_S])), ""]
-        summary = ", ".join(f"{m} (k={b['k']}) {b[TOKENS_PER_S]:.1f}" for m, b in best.items())
-        gains = ", ".join(f"{gain} over {label}" for label, gain in psd_gains(best))
-        out.append(f"Best k of each mode: {summary} tok/s." + (f" **psd: {gains}.**" if gains else ""))
+        summary = ", ".join(f"{_best_k(m, b)} {b[TOKENS_PER_S]:.1f}" for m, b in best.items())
+        text = headline_text(rows)
+        out.append(f"Best k of each mode: {summary} tok/s." + (f" **{text}.**" if text else ""))
         out.append("")
     return "\n".join(out).rstrip("\n")

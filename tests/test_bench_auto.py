@@ -1,0 +1,239 @@
+"""The benchmark's parts for auto mode: the cost model's accuracy and auto's choices from step
+records, a rate that steps, the mixed workload, the headline against the best fixed setting,
+the sweep's run list and the memory-bound stand-in; and one real run of auto."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+
+from minedraft.bench.doc_regions import reproduce_command
+from minedraft.bench.driver import RequestTiming
+from minedraft.bench.headline import headline, runs_of
+from minedraft.bench.main import add_parser
+from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
+                                    throughput_series)
+from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
+from minedraft.bench.runs import apply_presets, progress_line, run_list, serve_config
+from minedraft.bench.table import markdown_table, terminal_table
+from minedraft.bench.workload import load_workload
+from minedraft.metrics import AcceptanceStats
+
+
+def bench_args(*argv: str) -> argparse.Namespace:
+    return add_parser(argparse.ArgumentParser().add_subparsers()).parse_args(list(argv))
+
+
+def test_model_error_per_kind():
+    """median |predicted - measured| / measured, per kind, over records with a prediction only."""
+    records = [
+        {"kind": "draft", "draft_busy_s": 0.010, "predicted_busy_s": 0.011},     # 10%
+        {"kind": "draft", "draft_busy_s": 0.010, "predicted_busy_s": 0.008},     # 20%
+        {"kind": "draft", "draft_busy_s": 0.010, "predicted_busy_s": 0.013},     # 30%
+        {"kind": "verify", "verify_busy_s": 0.020, "predicted_busy_s": 0.025},   # 25%
+        {"kind": "verify", "verify_busy_s": 0.020, "predicted_busy_s": 0.0},     # no prediction
+        {"kind": "verify", "verify_busy_s": 0.0, "predicted_busy_s": 0.02},      # nothing measured
+    ]
+    errors = model_error(records)
+    assert errors["model_error_draft"] == pytest.approx(0.2)
+    assert errors["model_error_verify"] == pytest.approx(0.25)
+    assert errors["model_predictions"] == 4
+    none = model_error([{"kind": "draft", "draft_busy_s": 0.01, "predicted_busy_s": 0.0}])
+    assert math.isnan(none["model_error_draft"]) and none["model_predictions"] == 0
+
+
+def test_auto_choices_from_step_records():
+    """Layout shares and draft lengths come from the verify calls (every layout has them)."""
+    records = [
+        {"kind": "draft", "start_s": 0.0, "layout": "sd", "draft_lengths": [4, 2]},
+        {"kind": "verify", "start_s": 0.1, "layout": "sd", "draft_lengths": [4, 2]},
+        {"kind": "verify", "start_s": 0.3, "layout": "ar", "draft_lengths": []},
+        {"kind": "verify", "start_s": 0.2, "layout": "psd", "draft_lengths": [3]},
+        {"kind": "verify", "start_s": 0.4, "layout": "ar", "draft_lengths": [0, 0]},
+    ]
+    metrics = auto_metrics(records)
+    assert metrics["layout_share"] == {"ar": 0.5, "sd": 0.25, "psd": 0.25}
+    assert metrics["mean_draft_length"] == pytest.approx((4 + 2 + 3 + 0 + 0) / 5)
+    assert metrics["max_draft_length"] == 4
+    assert auto_metrics([{"kind": "verify", "start_s": 0.0, "verify_busy_s": 0.01}]) == {}   # older gateways
+
+
+def test_plain_turns_client_values_into_json():
+    """The client returns repeated fields and sub-messages as protobuf objects: stored as plain values."""
+    from minedraft.client.types import message_to_dict
+    from minedraft.v1 import generation_pb2
+
+    record = message_to_dict(generation_pb2.StepRecord(kind="verify", layout="psd", draft_lengths=[3, 1]))
+    info = message_to_dict(generation_pb2.ServerInfo(
+        mode="auto", cost_model=generation_pb2.CostModel(verify_calls=5, median_error=0.1),
+        plan=generation_pb2.AutoPlan(layout="sd", draft_lengths=[2], layout_tokens_per_s={"sd": 9.0})))
+    record, info = plain(record), plain(info)
+    assert record["draft_lengths"] == [3, 1]
+    assert info["cost_model"]["verify_calls"] == 5 and info["plan"]["layout_tokens_per_s"] == {"sd": 9.0}
+    assert json.loads(json.dumps([record, info])) == [record, info]
+
+
+def test_rate_steps():
+    assert parse_rate_steps("2:20, 8:20,2:20") == [Phase(2, 20), Phase(8, 20), Phase(2, 20)]
+    for bad in ("2", "2:x", "0:5", "2:-1", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rate_steps(bad)
+    phases = [Phase(20, 10), Phase(100, 10), Phase(20, 10)]
+    arrivals = poisson_arrivals(phases, seed=1)
+    assert arrivals == poisson_arrivals(phases, seed=1) and arrivals == sorted(arrivals)
+    counts = [sum(s <= t < s + 10 for t in arrivals) for s in (0, 10, 20)]
+    assert 140 < counts[0] < 260 and 850 < counts[1] < 1150 and 140 < counts[2] < 260
+    assert 0 < arrivals[0] and arrivals[-1] < 30
+
+
+def test_phase_metrics_count_tokens_in_each_window():
+    timings = [RequestTiming(0.5, 0.1, 1.5, 4, [], AcceptanceStats(), [0.6, 0.9, 1.2, 1.5]),
+               RequestTiming(1.2, 0.2, 2.4, 3, [], AcceptanceStats(), [1.4, 2.1, 2.4]),
+               RequestTiming(1.8, 0.1, 3.5, 2, [], AcceptanceStats(), [1.9, 3.5])]   # 3.5: the drain
+    phases = phase_metrics(timings, [Phase(1, 1), Phase(4, 2)])
+    assert [(p["rate"], p["start_s"], p["end_s"], p["requests"]) for p in phases] == [(1, 0, 1, 1), (4, 1, 3, 2)]
+    assert phases[0]["output_tokens_per_s"] == 2 / 1 and phases[1]["output_tokens_per_s"] == 6 / 2
+    assert phases[0]["latency_p50_s"] == pytest.approx(1.0)
+    assert throughput_series(timings) == [2, 4, 2, 1]
+
+
+def test_mixed_workload_alternates_code_and_prose():
+    workload = load_workload("mixed", 64)
+    assert workload.kinds[:4] == ["code", "prose", "code", "prose"]
+    assert workload.kinds.count("code") == workload.kinds.count("prose") == 32
+    assert len(set(workload.prompts)) == 64 and all(p.strip() for p in workload.prompts)
+    prose = [p for p, kind in zip(workload.prompts, workload.kinds) if kind == "prose"]
+    assert not any("def " in p or "self." in p for p in prose)
+    assert load_workload("mixed", 130).kinds[64:66] == ["code", "prose"]     # repeated to fill
+    assert set(load_workload(None, 3).kinds) == {""}
+    timings = [RequestTiming(0, 0, 1, 5, [], AcceptanceStats(2, 8, 6)),      # code: 6 of 8 accepted
+               RequestTiming(0, 0, 1, 5, [], AcceptanceStats(4, 8, 1)),      # prose: 1 of 8
+               RequestTiming(0, 0, 1, 5, [], AcceptanceStats(2, 8, 4))]
+    by_kind = acceptance_by_kind(timings, ["code", "prose", "code"])
+    assert by_kind["code"]["acceptance_rate"] == pytest.approx(10 / 16) and by_kind["code"]["requests"] == 2
+    assert by_kind["prose"]["mean_acceptance_length"] == pytest.approx(5 / 4)
+    assert acceptance_by_kind(timings, ["", "", ""]) == {}
+    assert acceptance_by_kind([RequestTiming(0, 0, 1, 5, [], AcceptanceStats())], ["code"]) == {}   # ar
+
+
+def _row(mode: str, k: int, tps: float, **extra) -> dict:
+    return {"mode": mode, "k": k, "concurrency": 8, "output_tokens_per_s": tps, "verifier_cpus": "0-1", **extra}
+
+
+def test_headline_is_auto_against_the_best_fixed_setting():
+    rows = [_row("auto", 6, 500.0), _row("ar", 0, 430.0), _row("ar-1core", 0, 470.0),
+            _row("sd", 2, 420.0), _row("sd", 4, 440.0), _row("sd-colocated", 4, 460.0),
+            _row("psd", 2, 410.0), _row("psd", 6, 480.0),
+            _row("hf-generate", 0, 550.0), _row("hf-assisted", 0, 900.0)]
+    top = headline(rows)
+    assert top.subject["mode"] == "auto" and (top.best_fixed["mode"], top.best_fixed["k"]) == ("psd", 6)
+    assert top.generate["mode"] == "hf-generate"          # batch-1 assisted generation is no baseline
+    figures = top.figures()
+    assert figures["best_fixed"] == "psd, k=6" and figures["over_best_fixed"] == pytest.approx(500 / 480)
+    assert figures["over_generate"] == pytest.approx(500 / 550)
+    assert top.gains() == [("the best fixed setting (psd, k=6)", "+4%"), ("transformers generate", "-9%")]
+    # Without auto (runs from before it): psd against the best of the others.
+    legacy = headline([r for r in rows if r["mode"] not in ("auto", "hf-generate")])
+    assert legacy.subject["k"] == 6 and legacy.best_fixed["mode"] == "sd-colocated" and legacy.generate is None
+    assert headline([_row("ar", 0, 1.0)]) is None
+
+
+def test_older_runs_name_their_one_core_ar():
+    report = {"runs": [{"mode": "ar", "k": 0}, {"mode": "ar", "k": 0, "verifier_cpus": "0-1"}, {"mode": "sd"}]}
+    assert [r["mode"] for r in runs_of(report)] == ["ar-1core", "ar", "sd"]
+
+
+def test_tables_show_auto_columns_and_the_headline():
+    auto = _row("auto", 6, 500.0, layout_share={"psd": 0.7, "ar": 0.3}, mean_draft_length=2.5,
+                model_error_draft=0.08, model_error_verify=float("nan"), model_predictions=10,
+                over_best_fixed=500 / 480, same_as_ar=True)
+    psd = _row("psd", 6, 480.0, same_as_ar=True)
+    printed = terminal_table([auto, psd], 8).splitlines()
+    assert printed[2].split() == ["mode", "k", "tok/s", "layout", "mean", "k", "model", "err", "/best", "==ar"]
+    assert printed[3].split() == ["auto", "6", "500.0", "psd", "70%", "2.50", "8%/-", "1.04", "yes"]
+    assert printed[-1] == "headline: auto: +4% against the best fixed setting (psd, k=6)"
+    table = markdown_table([auto, psd])
+    assert table[0] == "| mode | k | tok/s | layout | mean k | model err | /best |"
+    assert table[3] == "| psd | 6 | 480.0 |  |  |  |  |"
+
+
+def test_sweep_preset_run_list():
+    args = bench_args("--sweep")
+    assert apply_presets(args) is None
+    specs = run_list(args)
+    assert len(specs) == 7 * (1 + 1 + 3 + 3 + 4)
+    assert [s.concurrency for s in specs[::12]] == [1, 2, 4, 8, 16, 32, 64]
+    first = [(s.mode, s.k) for s in specs[:12]]
+    assert first == [("auto", 6), ("ar", 0), ("sd", 2), ("sd", 4), ("sd", 6), ("sd-colocated", 2),
+                     ("sd-colocated", 4), ("sd-colocated", 6), ("psd", 2), ("psd", 4), ("psd", 6), ("psd", 8)]
+    with_peers = bench_args("--modes", "auto", "ar-1core", "--k", "2", "4", "--auto-k", "8", "--peers",
+                            "--concurrency", "1", "64")
+    assert apply_presets(with_peers) is None
+    assert [(s.mode, s.k, s.concurrency) for s in run_list(with_peers)] == [
+        ("auto", 8, 1), ("ar-1core", 0, 1), ("peers", 0, 1), ("auto", 8, 64), ("ar-1core", 0, 64), ("peers", 0, 64)]
+    assert apply_presets(bench_args("--quick", "--sweep"))
+    assert apply_presets(bench_args("--rate-steps", "1:1", "--request-rate", "2"))
+    assert apply_presets(bench_args("--random-weights", "--peers"))
+    assert apply_presets(bench_args("--rate-steps", "0.01:0.01"))      # a schedule that sends nothing
+    assert progress_line(0, 84, 0.0, "auto k=6 C=1") == "[1/84] auto k=6 C=1 | elapsed 0m00s, ETA -"
+    assert progress_line(2, 84, 100.0, "sd k=2 C=1") == "[3/84] sd k=2 C=1 | elapsed 1m40s, ETA 1h08m"
+
+
+def test_serve_configs_give_every_mode_the_same_cores():
+    args = bench_args("--all-cpus", "0-1")
+    ar = serve_config("ar", 0, 8, args)
+    assert (ar.mode, ar.target_cpus, ar.target_threads, ar.max_batch) == ("ar", "0-1", 2, 8)
+    one_core = serve_config("ar-1core", 0, 8, args)
+    assert one_core.mode == "ar" and one_core.target_threads == 1 and one_core.target_cpus != "0-1"
+    auto = serve_config("auto", 6, 64, args)
+    assert (auto.mode, auto.k, auto.max_batch) == ("auto", 6, 64)
+    psd = serve_config("psd", 4, 64, args)
+    assert (auto.target_cpus, auto.draft_cpus) == (psd.target_cpus, psd.draft_cpus) and psd.max_batch == 32
+    assert serve_config("psd", 4, 1, args).max_batch == 1        # C = 1: one batch of 1
+
+
+def test_memory_bound_preset(tmp_path):
+    from minedraft.config import ModelConfig
+
+    args = bench_args("--memory-bound", "--out", str(tmp_path))
+    assert apply_presets(args) is None
+    assert args.random_weights and args.synthetic_acceptance == 0.7
+    target, draft = ModelConfig.from_dir(args.target), ModelConfig.from_dir(args.draft)
+    assert (target.hidden_size, target.num_layers, target.num_heads, target.num_kv_heads, target.head_dim,
+            target.intermediate_size) == (1024, 20, 16, 8, 64, 3072)
+    assert target.vocab_size == draft.vocab_size == 4096 and target.tie_word_embeddings
+    assert (draft.hidden_size, draft.num_layers, draft.intermediate_size) == (256, 2, 768)
+    layer = target.hidden_size * (target.num_heads + 2 * target.num_kv_heads) * target.head_dim \
+        + target.num_heads * target.head_dim * target.hidden_size + 3 * target.hidden_size * target.intermediate_size
+    assert 250e6 < target.num_layers * layer + target.vocab_size * target.hidden_size < 260e6   # > L3
+    assert (tmp_path / "memory_bound" / "target" / "tokenizer.json").exists()     # what the gateway reads
+    chosen = bench_args("--memory-bound", "--synthetic-acceptance", "0.9", "--out", str(tmp_path / "b"))
+    assert apply_presets(chosen) is None and chosen.synthetic_acceptance == 0.9
+
+
+def test_reproduce_command_names_the_new_flags():
+    config = {**vars(bench_args()), "modes": ["auto", "psd"], "k": [2], "concurrency": [8], "psd_k": [2, 8],
+              "auto_k": 6, "rate_steps": "2:20,8:20", "dataset": "mixed", "out": "o"}
+    assert reproduce_command(config) == ("minedraft bench --modes auto psd --k 2 --concurrency 8 --dataset mixed "
+                                         "--psd-k 2 8 --auto-k 6 --rate-steps 2:20,8:20 --out o")
+
+
+def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):
+    """The whole path for auto against a real gateway: per-kind acceptance, per-phase rates,
+    the plan and cost model from server info, and the plot of its choices."""
+    from minedraft.cli import main
+
+    rc = main(["bench", "--modes", "auto", "--k", "2", "--concurrency", "2", "--rate-steps", "3:1,6:1",
+               "--max-tokens", "8", "--dataset", "mixed", "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    (row,) = report["runs"]
+    assert row["mode"] == "auto" and report["config"]["rate_steps"] == "3:1,6:1"
+    assert [p["rate"] for p in row["phases"]] == [3, 6]
+    assert set(row["acceptance_by_kind"]) <= {"code", "prose"} and row["plan"]["layout"]
+    assert sum(row["layout_share"].values()) == pytest.approx(1.0)
+    assert row["model_predictions"] > 0 and all(isinstance(r["draft_lengths"], list) for r in row["step_records"])
+    assert {"auto_k2_c2.png", "rate_steps_c2.png", "vs_concurrency.png"} <= {p.name for p in tmp_path.glob("*.png")}
