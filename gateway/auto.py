@@ -9,8 +9,9 @@ length follows the plan's rule and its own acceptance at every step in between.
 How a layout really runs is measured too: per layout, the recent steps' measured time over
 what the model predicted for exactly those steps (its "slowdown": contention, imperfect
 overlap, the gateway's own work). The planner divides each layout's predicted rate by it, so
-a layout that runs worse than its arithmetic stops being chosen, and one that never ran keeps
-the model's word.
+a layout that runs worse than its arithmetic stops being chosen. A layout not measured lately
+whose predicted rate comes within EXPLORE_WITHIN of the best is tried for a few steps, so the
+choice rests on measurements of every contender rather than on the model alone.
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ from minedraft.constants import LAYOUTS
 from minedraft.v1 import generation_pb2
 
 SLOWDOWN_WINDOW = 32        # steps per layout the slowdown is the median of
+SLOWDOWN_MAX_AGE_S = 30.0   # older step timings no longer count (the load has moved on)
 SWITCH_MARGIN = 1.03        # a new layout must be predicted this much faster than the current
+EXPLORE_WITHIN = 0.8        # try a layout not measured lately if predicted this close to the best
+EXPLORE_STEPS = 8           # ... until this many of its steps are timed
+EXPLORE_MAX_S = 2.0         # ... or for this long at most
 
 
 class AutoPlanner:
@@ -42,19 +47,26 @@ class AutoPlanner:
         self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
         self.replans = 0
         self.layout_switches = 0
-        self._slowdown: dict[str, deque[float]] = {layout: deque(maxlen=SLOWDOWN_WINDOW) for layout in LAYOUTS}
+        self._slowdown: dict[str, deque[tuple[float, float]]] = {
+            layout: deque(maxlen=SLOWDOWN_WINDOW) for layout in LAYOUTS}     # (when, measured / predicted)
         self._planned_at = float("-inf")
         self._steps = 0
+        self._exploring: tuple[str, float] | None = None       # (layout, since)
+        self.explorations = 0
 
     # ---- measuring -------------------------------------------------------------------------
     def observe_step_time(self, layout: str, measured_s: float, predicted_s: float) -> None:
         """One step (a cycle of both batches in psd) as it ran against the model's prediction."""
         if measured_s > 0 and predicted_s > 0:
-            self._slowdown[layout].append(measured_s / predicted_s)
+            self._slowdown[layout].append((time.monotonic(), measured_s / predicted_s))
         self._steps += 1
 
+    def _recent(self, layout: str) -> list[float]:
+        since = time.monotonic() - SLOWDOWN_MAX_AGE_S
+        return [ratio for when, ratio in self._slowdown[layout] if when >= since]
+
     def slowdown(self, layout: str) -> float:
-        ratios = sorted(self._slowdown[layout])
+        ratios = sorted(self._recent(layout))
         return min(3.0, max(0.5, ratios[len(ratios) // 2])) if ratios else 1.0
 
     def costs(self) -> StepCosts:
@@ -77,19 +89,41 @@ class AutoPlanner:
             wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats), self._max_draft(r, k_cap))
                       for r in requests]
             slowdown = {layout: self.slowdown(layout) for layout in LAYOUTS}
-            plan = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown)
-            current = plan.considered.get(self.plan.layout)
-            if current is not None and plan.layout != self.plan.layout and \
-                    plan.tokens_per_s < current * SWITCH_MARGIN:
-                # Not clearly better: stay, with the current layout's best draft rule.
-                plan = choose_plan(self.costs(), wanted, k_cap, layouts=(self.plan.layout,), slowdown=slowdown)
+            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown)
+            stay = self._layout_to_try(best) or self._layout_to_keep(best)
+            plan = best
+            if stay is not None:
+                plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown)
                 plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
-                            dict(plan.considered, **{k: v for k, v in self.plan.considered.items()
-                                                     if k != plan.layout}), plan.threshold, plan.cap)
+                            best.considered, plan.threshold, plan.cap)
         if plan.layout != self.plan.layout:
             self.layout_switches += 1
         self.plan = plan
         return plan
+
+    def _layout_to_try(self, best: Plan) -> str | None:
+        """A contender not measured lately (or the one being tried, until it has been)."""
+        now = time.monotonic()
+        if self._exploring is not None:
+            layout, since = self._exploring
+            if layout in best.considered and len(self._recent(layout)) < EXPLORE_STEPS \
+                    and now - since < EXPLORE_MAX_S:
+                return layout
+            self._exploring = None
+        for layout, rate in best.considered.items():
+            if layout != best.layout and rate >= EXPLORE_WITHIN * best.tokens_per_s \
+                    and len(self._recent(layout)) < EXPLORE_STEPS:
+                self._exploring = (layout, now)
+                self.explorations += 1
+                return layout
+        return None
+
+    def _layout_to_keep(self, best: Plan) -> str | None:
+        """The current layout, unless the best is clearly better (no flapping on noise)."""
+        current = best.considered.get(self.plan.layout)
+        if current is not None and best.layout != self.plan.layout and best.tokens_per_s < current * SWITCH_MARGIN:
+            return self.plan.layout
+        return None
 
     def draft_length(self, req: ActiveRequest, k_cap: int) -> int:
         """The request's k this step: the plan's rule applied to its acceptance so far."""

@@ -169,3 +169,24 @@ def test_forced_cycle_rotates_every_layout():
             seen.append(planner.replan([_active(0)], K_MAX).layout)
         planner.observe_step_time(seen[-1], 1.0, 1.0)
     assert set(seen) == {"ar", "sd", "psd"}
+
+
+def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measurements():
+    """A layout predicted nearly as fast as the best but never run: auto tries it for a few
+    steps, then judges it on what it measured (here: three times slower, so it is left)."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i, max_draft=1) for i in range(8)]
+    best = choose_plan(costs, [PlanRequest(r.request_id, _reach(1.0), 1) for r in requests], K_MAX)
+    contenders = [layout for layout, rate in best.considered.items()
+                  if layout != best.layout and rate >= auto.EXPLORE_WITHIN * best.tokens_per_s]
+    assert contenders, best.considered
+    tried = planner.replan(requests, K_MAX).layout
+    assert tried in contenders and planner.explorations == 1
+    assert planner.replan(requests, K_MAX).layout == tried            # still being tried
+    for _ in range(auto.EXPLORE_STEPS):
+        planner.observe_step_time(tried, measured_s=3.0, predicted_s=1.0)
+    assert planner.replan(requests, K_MAX).layout != tried
