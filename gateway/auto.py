@@ -16,6 +16,7 @@ choice rests on measurements of every contender rather than on the model alone.
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections import deque
@@ -27,7 +28,9 @@ from gateway.request import ActiveRequest
 from minedraft.constants import LAYOUTS
 from minedraft.v1 import generation_pb2
 
+logger = logging.getLogger("minedraft.gateway")
 SLOWDOWN_WINDOW = 32        # steps per layout the slowdown is the median of
+MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SLOWDOWN_MAX_AGE_S = 30.0   # older step timings no longer count (the load has moved on)
 SWITCH_MARGIN = 1.03        # a new layout must be predicted this much faster than the current
 EXPLORE_WITHIN = 0.8        # try a layout not measured lately if predicted this close to the best
@@ -56,8 +59,11 @@ class AutoPlanner:
 
     # ---- measuring -------------------------------------------------------------------------
     def observe_step_time(self, layout: str, measured_s: float, predicted_s: float) -> None:
-        """One step (a cycle of both batches in psd) as it ran against the model's prediction."""
-        if measured_s > 0 and predicted_s > 0:
+        """One step (a cycle of both batches in psd) as it ran against the model's prediction;
+        not counted while the model has too few calls behind it (that is the model's error,
+        not the layout's)."""
+        mature = self.model.verify_calls >= MATURE_CALLS and (layout == "ar" or self.model.draft_calls >= MATURE_CALLS)
+        if measured_s > 0 and predicted_s > 0 and mature:
             self._slowdown[layout].append((time.monotonic(), measured_s / predicted_s))
         self._steps += 1
 
@@ -98,6 +104,10 @@ class AutoPlanner:
                             best.considered, plan.threshold, plan.cap)
         if plan.layout != self.plan.layout:
             self.layout_switches += 1
+            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown %s%s)", self.plan.layout,
+                        plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
+                        {k: round(self.slowdown(k), 2) for k in LAYOUTS},
+                        f"; trying {self._exploring[0]}" if self._exploring else "")
         self.plan = plan
         return plan
 
@@ -145,7 +155,8 @@ class AutoPlanner:
             draft_fixed_s=c.draft_fixed, draft_per_forward_s=c.draft_per_forward, draft_per_token_s=c.draft_per_token,
             verify_fixed_s=c.verify_fixed, verify_per_token_s=c.verify_per_token,
             gateway_per_call_s=c.gateway_per_step, draft_calls=self.model.draft_calls,
-            verify_calls=self.model.verify_calls, median_error=self.model.median_error)
+            verify_calls=self.model.verify_calls, median_error=self.model.median_error,
+            verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

@@ -30,7 +30,8 @@ class Batch:
     # Its last step, for timing the next against the cost model (gateway/auto.py).
     last_done: float | None = None                # when it ended (None: the batch idled since)
     last_layout: str = ""
-    last_ks: list[int] = field(default_factory=list)
+    draft_predicted_s: float = 0.0                # the cost model's busy times of its last draft ...
+    verify_predicted_s: float = 0.0               # ... and verify
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]

@@ -48,6 +48,7 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
+PROFILE_DRAFTER_WAIT_S = 10.0   # auto mode's start-up profile waits this long for a first drafter
 
 
 class BatchManager:
@@ -214,6 +215,7 @@ class BatchManager:
         worked) and the drafter likewise: neither waits for a round trip through the
         gateway while the other batch has work for it."""
         if self.auto:
+            await self._wait_for_drafter(PROFILE_DRAFTER_WAIT_S)
             drafter = next(iter(self.pool.drafters.values()), None) if self.pool else None
             await profile(self.calls, drafter, self.config.max_batch, self.config.k)
             await self.flush_frees()
@@ -223,6 +225,14 @@ class BatchManager:
         finally:
             for task in pipelines:
                 task.cancel()
+
+    async def _wait_for_drafter(self, timeout_s: float) -> None:
+        """Drafters register themselves once the gateway is up: give the first a moment, so
+        the profile measures drafting too (requests arriving meanwhile wait in the queue).
+        Drafters that join later are measured by their first calls."""
+        deadline = time.monotonic() + timeout_s
+        while self.pool is not None and not len(self.pool) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
     def _kick(self) -> None:
         """Admit what fits and wake the pipelines that have work."""
@@ -322,9 +332,10 @@ class BatchManager:
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, batch: Batch | None = None, borrow_cpus: bool = False) -> None:
         layout = self._step_layout()
-        response = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
+        response, predicted = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         if batch is not None:
-            self._time_step(batch, layout, [i.num_draft for i in items], borrow_cpus)
+            batch.verify_predicted_s = predicted
+            self._time_step(batch, layout)
         results = {r.request_id: r for r in response.results}
         for item in items:
             req, result = item.request, results.get(item.request.request_id)
@@ -339,25 +350,25 @@ class BatchManager:
             return "sd"
         return self.layout
 
-    def _time_step(self, batch: Batch, layout: str, ks: list[int], borrowed: bool) -> None:
+    def _time_step(self, batch: Batch, layout: str) -> None:
         """A batch's step ended: the time since its previous one ended (when it went straight
-        on, in the same layout) against what the cost model predicts for the step, which in
-        psd is a whole cycle: both batches' drafts and verifies, overlapped."""
+        on, in the same layout) against what the cost model predicted for its calls, put
+        together as the planner does: in psd a whole cycle, both batches' drafts and
+        verifies overlapped."""
         now = time.perf_counter()
         previous, batch.last_done = batch.last_done, now
         same_layout, batch.last_layout = batch.last_layout == layout, layout
-        batch.last_ks = ks
+        draft, verify = batch.draft_predicted_s, batch.verify_predicted_s
         if previous is None or not same_layout:
             return
-        costs = self.planner.costs()
+        g = self.planner.costs().gateway_per_step
         if layout == "ar":
-            predicted = costs.verify(ks, borrowed=borrowed)
+            predicted = verify
         elif layout == "sd":
-            predicted = costs.draft(ks) + costs.verify(ks) + 2 * costs.gateway_per_step
+            predicted = draft + verify + 2 * g
         else:
-            other = self.batches[1 - batch.index].last_ks
-            predicted = (max(costs.draft(ks), costs.verify(other)) + max(costs.draft(other), costs.verify(ks))
-                         + costs.gateway_per_step)
+            other = self.batches[1 - batch.index]
+            predicted = max(draft, other.verify_predicted_s) + max(other.draft_predicted_s, verify) + g
         self.planner.observe_step_time(layout, now - previous, predicted)
 
     def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:
@@ -392,8 +403,9 @@ class BatchManager:
         sources = []
         self._drafting += 1
         try:
-            answers = await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout()) \
-                if by_drafter else []
+            answers, batch.draft_predicted_s = (await self.calls.draft_all(step_id, by_drafter, len(live),
+                                                                           self._step_layout())
+                                                if by_drafter else ([], 0.0))
         finally:
             self._drafting -= 1
         for drafter, result in answers:

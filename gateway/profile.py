@@ -39,7 +39,7 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
     started = time.perf_counter()
     sizes = sorted({min(b, max_batch) for b in BATCH_SIZES})
     ks = sorted({0, 1, max(1, k_max // 2), k_max}) if drafter is not None else [0]
-    steps_per_size = (len(ks) + 1) * REPEATS
+    steps_per_size = (len(ks) + 1) * REPEATS + 2
     max_tokens = len(sizes) * steps_per_size * (k_max + 1)     # a request takes part in every size's steps
     requests: list[ActiveRequest] = []
     try:
@@ -47,6 +47,10 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
             while len(requests) < size:
                 requests.append(_request(len(requests), max_tokens))
             batch = requests[:size]
+            # Warm-ups, not fitted: the new requests' prefill, the first forward on lent cores
+            # (it starts their threads).
+            await _step(calls, drafter, batch, 0, borrow=False, observe=False)
+            await _step(calls, drafter, batch, 0, borrow=True, observe=False)
             for k in ks:
                 for _ in range(REPEATS):
                     await _step(calls, drafter, batch, k, borrow=False)
@@ -65,17 +69,17 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
 
 
 async def _step(calls: EngineCalls, drafter: DrafterHandle | None, batch: list[ActiveRequest], k: int,
-                borrow: bool) -> None:
+                borrow: bool, observe: bool = True) -> None:
     step_id = calls.next_step_id()
     sources, items = [], [DraftedItem(r, 0) for r in batch]
     if k and drafter is not None:
-        answers = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
+        answers, _ = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
         (_, answer), = answers
         if isinstance(answer, BaseException):
             raise answer
         sources = [engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id)]
         items = [DraftedItem(r, k, 0) for r in batch]
-    response = await calls.verify(step_id, items, sources, layout="profile", borrow_cpus=borrow)
+    response, _ = await calls.verify(step_id, items, sources, layout="profile", borrow_cpus=borrow, observe=observe)
     for result in response.results:
         req = next(r for r in batch if r.request_id == result.request_id)
         req.seq.output_token_ids.extend(result.token_ids)

@@ -95,7 +95,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error")
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s")
     DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class CostModel(_message.Message):
     DRAFT_CALLS_FIELD_NUMBER: _ClassVar[int]
     VERIFY_CALLS_FIELD_NUMBER: _ClassVar[int]
     MEDIAN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BORROWED_FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BORROWED_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     draft_fixed_s: float
     draft_per_forward_s: float
     draft_per_token_s: float
@@ -114,7 +116,9 @@ class CostModel(_message.Message):
     draft_calls: int
     verify_calls: int
     median_error: float
-    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ...) -> None: ...
+    verify_borrowed_fixed_s: float
+    verify_borrowed_per_token_s: float
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
     __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches")
