@@ -129,11 +129,13 @@ def test_bench_cli_tiny_run(tmp_path):
     from minedraft.cli import main
 
     rc = main(["bench", "--modes", "ar", "sd", "psd", "--k", "2", "--concurrency", "2", "--num-prompts", "4",
-               "--max-tokens", "8", "--out", str(tmp_path)])
+               "--max-tokens", "8", "--rounds", "2", "--out", str(tmp_path)])
     assert rc == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["mode"]: r for r in report["runs"]}
     assert set(rows) == {"ar", "sd", "psd"} and all(r["same_as_ar"] for r in rows.values())
+    assert all(r["rounds"] == 2 and len(r["tokens_per_s_rounds"]) == 2 for r in rows.values())
+    assert rows["psd"]["output_tokens_per_s"] == pytest.approx(sum(rows["psd"]["tokens_per_s_rounds"]) / 2)
     for key in ("output_tokens_per_s", "latency_p99_s", "ttft_p50_s", "tpot_mean_s", "gateway_share",
                 "data_plane_share", "drafter_idle_share", "mean_acceptance_length", "step_records",
                 "acceptance_rate_per_position"):

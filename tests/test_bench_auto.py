@@ -1,24 +1,28 @@
 """The benchmark's parts for auto mode: the cost model's accuracy and auto's choices from step
 records, a rate that steps, the mixed workload, the headline against the best fixed setting,
-the sweep's run list and the memory-bound stand-in; and one real run of auto."""
+rounds (their order, medians and paired ratios), the sweep's run list, the number of prompts
+and the memory-bound stand-in; and one real run of auto."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 
 import pytest
 
-from minedraft.bench.doc_regions import reproduce_command
+from minedraft.bench.doc_regions import readme_summary, reproduce_command
 from minedraft.bench.driver import RequestTiming
 from minedraft.bench.headline import headline, runs_of
-from minedraft.bench.main import add_parser
+from minedraft.bench.main import add_parser, workload_for
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
-from minedraft.bench.runs import apply_presets, progress_line, run_list, serve_config
-from minedraft.bench.table import markdown_table, terminal_table
+from minedraft.bench.rounds import fold_rows, fold_runs, median_row
+from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
+                                  serve_config)
+from minedraft.bench.table import markdown_table, markdown_tables, terminal_table
 from minedraft.bench.workload import load_workload
 from minedraft.metrics import AcceptanceStats
 
@@ -160,6 +164,105 @@ def test_tables_show_auto_columns_and_the_headline():
     assert table[3] == "| psd | 6 | 480.0 |  |  |  |  |"
 
 
+def test_rounds_interleave_every_run():
+    """Every spec once a round; round 1 in the usual order, odd rounds backwards (over a pair
+    of rounds every spec's mean position is the same), and each round starts with another spec."""
+    specs = [RunSpec(mode, k, 8) for mode, k in [("auto", 6), ("ar", 0), ("sd", 2), ("psd", 2), ("psd", 4)]]
+    for rounds in (2, 3, 4):
+        orders = [round_order(specs, index, rounds) for index in range(rounds)]
+        assert orders[0] == specs and orders[1] == specs[::-1]
+        assert all(sorted(order, key=specs.index) == specs for order in orders)
+        assert all(a != b for a, b in itertools.pairwise(orders))
+        assert len({order[0] for order in orders}) == rounds           # no spec always runs first
+        for first, second in zip(orders[::2], orders[1::2]):
+            assert {first.index(s) + second.index(s) for s in specs} == {len(specs) - 1}
+    assert round_order(specs[:1], 1, 2) == specs[:1] and round_order([], 0, 3) == []
+    assert apply_presets(bench_args("--rounds", "0"))
+
+
+def test_progress_names_the_round(capsys):
+    Progress(4, 2).begin(RunSpec("psd", 4, 8), 1)
+    Progress(2).begin(RunSpec("psd", 4, 8))
+    assert capsys.readouterr().out.splitlines() == ["[1/4] round 2/2: psd k=4 C=8 | elapsed 0m00s, ETA -",
+                                                    "[1/2] psd k=4 C=8 | elapsed 0m00s, ETA -"]
+
+
+def test_rounds_fold_into_medians_and_spread():
+    nan = float("nan")
+    rounds = [_row("psd", 4, tps, latency_p99_s=p99, model_error_draft=error, same_as_ar=same, series=series,
+                   acceptance_by_kind={"code": {"requests": 2, "mean_acceptance_length": mal}})
+              for tps, p99, error, same, series, mal in [(100.0, 1.0, 0.1, True, [1, 2], 3.0),
+                                                         (110.0, 1.4, nan, True, [1, 2, 3], 3.5),
+                                                         (90.0, 1.2, 0.3, False, [2], 2.5)]]
+    row = median_row(rounds)
+    assert row["output_tokens_per_s"] == 100.0 and row["latency_p99_s"] == 1.2
+    assert row["model_error_draft"] == pytest.approx(0.2)              # a round with none is left out
+    assert row["acceptance_by_kind"] == {"code": {"requests": 2, "mean_acceptance_length": 3.0}}
+    assert row["series"] == [1, 2]                                     # shapes differ: round 1's
+    assert row["same_as_ar"] is False                                  # must hold in every round
+    assert row["rounds"] == 3 and row["tokens_per_s_rounds"] == [100.0, 110.0, 90.0]
+    assert row["tokens_per_s_spread"] == pytest.approx((110 - 90) / 100)
+    two = median_row(rounds[:2])
+    assert two["k"] == 4 and isinstance(two["k"], int) and two["output_tokens_per_s"] == 105.0
+    assert "rounds" not in median_row(rounds[:1]) and median_row(rounds[:1]) == rounds[0]   # one round: as today
+    runs = [{("ar", 0): {"row": _row("ar", 0, tps), "steps": [tps]}, ("psd", 4): {"row": r, "steps": [i]}}
+            for i, (tps, r) in enumerate(zip((50.0, 60.0, 40.0), rounds))]
+    runs[1] = dict(reversed(runs[1].items()))                          # round 2 ran backwards
+    folded = fold_runs(runs)
+    assert list(folded) == [("ar", 0), ("psd", 4)] and folded["ar", 0]["row"]["output_tokens_per_s"] == 50.0
+    assert folded["psd", 4]["steps"] == [0]                            # round 1's step records
+
+
+def _rounds_rows() -> list[dict]:
+    """Three rounds of auto, two fixed settings and transformers' generate, folded: the best
+    fixed setting by median is psd (95 tok/s), but sd was the faster in round 2."""
+    measured = [(100.0, 95.0, 90.0, 80.0), (120.0, 110.0, 125.0, 100.0), (90.0, 92.0, 85.0, 100.0)]
+    return fold_rows([[_row("auto", 6, auto, same_as_ar=True), _row("psd", 4, psd, same_as_ar=True),
+                       _row("sd", 2, sd, same_as_ar=True),
+                       _row("hf-generate", 0, generate, peer_batch=8, same_as_ar=True)]
+                      for auto, psd, sd, generate in measured])
+
+
+def test_headline_ratios_are_paired_by_round():
+    rows = _rounds_rows()
+    top = headline(rows)
+    assert (top.subject["output_tokens_per_s"], top.best_fixed["mode"]) == (100.0, "psd")
+    figures = top.figures()
+    # Each round's auto against that round's best: 100/95, 120/125 (sd), 90/92. Their median,
+    # 90/92, not the ratio of medians 100/95.
+    assert figures["over_best_fixed_rounds"] == pytest.approx([100 / 95, 120 / 125, 90 / 92])
+    assert figures["over_best_fixed"] == pytest.approx(90 / 92)
+    assert figures["best_fixed"] == "psd, k=4" and figures["best_fixed_rounds"] == ["psd, k=4", "sd, k=2", "psd, k=4"]
+    assert figures["over_generate_rounds"] == pytest.approx([1.25, 1.2, 0.9]) and figures["over_generate"] == 1.2
+    assert top.gains() == [("the best fixed setting of each round (psd, k=4 or sd, k=2)", "-2% (-4% to +5%, 3 rounds)"),
+                           ("transformers generate", "+20% (-10% to +25%, 3 rounds)")]
+    printed = terminal_table(rows, 8).splitlines()
+    assert "medians of 3 interleaved rounds" in printed[1]
+    assert printed[2].split()[:5] == ["mode", "k", "tok/s", "spread", "%"]
+    assert printed[3].split()[:4] == ["auto", "6", "100.0", "30.0"]            # (120 - 90) / 100
+    assert printed[-1] == ("headline: auto: -2% (-4% to +5%, 3 rounds) against the best fixed setting of each round "
+                           "(psd, k=4 or sd, k=2), +20% (-10% to +25%, 3 rounds) against transformers generate")
+
+
+def test_docs_regions_quote_rounds():
+    config = {**vars(bench_args("--rounds", "3")), "modes": ["auto", "psd", "sd"], "k": [2], "concurrency": [8],
+              "out": "o"}
+    report = {"config": config, "environment": {"cpus": 2}, "runs": _rounds_rows()}
+    summary = readme_summary(report)
+    assert "3 interleaved rounds" in summary and "--rounds 3" in summary
+    assert "-2% (psd, k=4 or sd, k=2; -4% to +5%, 3 rounds) at concurrency 8" in " ".join(summary.split())
+    tables = markdown_tables(report)
+    assert "Figures: medians of 3 interleaved rounds; spread %: (max - min) / median of tok/s." in tables
+    assert "| mode | k | tok/s | spread % |" in tables and "| auto | 6 | **100.0** | 30.0 |" in tables
+
+
+def test_num_prompts_default():
+    args = bench_args()
+    assert [num_prompts(c, args) for c in (1, 2, 8, 16, 64)] == [16, 16, 16, 32, 128]
+    assert num_prompts(1, bench_args("--num-prompts", "4")) == 4
+    assert len(workload_for(1, args).prompts) == 16 and len(workload_for(2, args, scale=2).prompts) == 32
+
+
 def test_sweep_preset_run_list():
     args = bench_args("--sweep")
     assert apply_presets(args) is None
@@ -216,9 +319,9 @@ def test_memory_bound_preset(tmp_path):
 
 def test_reproduce_command_names_the_new_flags():
     config = {**vars(bench_args()), "modes": ["auto", "psd"], "k": [2], "concurrency": [8], "psd_k": [2, 8],
-              "auto_k": 6, "rate_steps": "2:20,8:20", "dataset": "mixed", "out": "o"}
+              "auto_k": 6, "rate_steps": "2:20,8:20", "dataset": "mixed", "rounds": 3, "out": "o"}
     assert reproduce_command(config) == ("minedraft bench --modes auto psd --k 2 --concurrency 8 --dataset mixed "
-                                         "--psd-k 2 8 --auto-k 6 --rate-steps 2:20,8:20 --out o")
+                                         "--psd-k 2 8 --auto-k 6 --rate-steps 2:20,8:20 --rounds 3 --out o")
 
 
 def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):

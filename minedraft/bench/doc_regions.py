@@ -3,6 +3,9 @@ its bench.json so that no figure a reader sees is typed by hand. Each part sits 
 `<!-- NAME:start -->` and `<!-- NAME:end -->`; the prose around it is left as it is.
 
     python scripts/bench_table.py docs/results/bench/bench.json --write
+
+A run of several --rounds is quoted as medians with the range over its rounds; a bench.json
+from before rounds (no "rounds" in its config) is one round.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import argparse
 import textwrap
 from pathlib import Path
 
-from minedraft.bench.headline import FIXED_MODES, ONE_CORE_AR, headline, percent, setting
+from minedraft.bench.headline import FIXED_MODES, ONE_CORE_AR, best_fixed_text, headline, percent, ratio_range
 from minedraft.bench.table import by_concurrency, markdown_tables
 
 README = "README.md"
@@ -27,7 +30,7 @@ WORKLOAD_FLAGS = {
     "random_weights": "--random-weights", "dtype": "--dtype", "target_device": "--target-device",
     "draft_device": "--draft-device", "num_blocks": "--num-blocks", "unequal": "--unequal",
     "peers": "--peers", "psd_k": "--psd-k", "auto_k": "--auto-k", "rate_steps": "--rate-steps",
-    "memory_bound": "--memory-bound",
+    "memory_bound": "--memory-bound", "rounds": "--rounds",
 }
 
 
@@ -70,11 +73,19 @@ def _series(parts: list[str], last: str = " and ") -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + last + parts[-1]
 
 
+def _gain(figures: dict, key: str, against: str = "") -> str:
+    """"+6% (sd, k=2)"; over rounds "+2% (sd, k=2; -3% to +5%, 3 rounds)"."""
+    notes = [part for part in (against, ratio_range(figures, key)) if part]
+    return percent(figures[key]) + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def readme_summary(report: dict) -> str:
     """A few sentences: the headline at every concurrency run (auto, or psd in runs without
-    it, against the best fixed setting and transformers' generate), and the commands that
-    reproduce the run and these figures."""
+    it, against the best fixed setting and transformers' generate; over rounds, the median
+    and range of ratios paired within a round), and the commands that reproduce the run and
+    these figures."""
     config = report["config"]
+    rounds = config.get("rounds", 1)
     runs = by_concurrency(report)
     fixed, generate, subject, modes = [], [], "", set()
     for concurrency, rows in runs.items():
@@ -85,20 +96,20 @@ def readme_summary(report: dict) -> str:
         figures = top.figures()
         modes |= {r["mode"] for r in rows}
         if "over_best_fixed" in figures:
-            against = setting(top.best_fixed)
-            fixed.append(f"{percent(figures['over_best_fixed'])} ({against}) at concurrency {concurrency}")
+            fixed.append(f"{_gain(figures, 'over_best_fixed', best_fixed_text(figures))} at concurrency {concurrency}")
         if "over_generate" in figures:
-            generate.append(f"{percent(figures['over_generate'])} at concurrency {concurrency}")
+            generate.append(f"{_gain(figures, 'over_generate')} at concurrency {concurrency}")
     if not fixed and not generate:
         return "The committed run has no auto or psd run to compare."
     source = f"{config['out']}/bench.json"
     baselines = [m for m in FIXED_MODES if m in modes and m != subject]
+    over_rounds = f"; {rounds} interleaved rounds, each gain the median of the rounds' own" if rounds > 1 else ""
     text = (f"From one run on {_machine(report)} (`{source}`, {config['max_tokens']} tokens a request, every "
-            f"mode at the same concurrency), {subject}'s output throughput"
+            f"mode at the same concurrency{over_rounds}), {subject}'s output throughput"
             + (" at its best k" if subject == "psd" else ""))
     if fixed:
         text += (f", against the best fixed setting on the same cores (the fastest of {_series(baselines, ' or ')} "
-                 f"at any k), was {_series(fixed, ', and ')}")
+                 f"at any k{', in each round' if rounds > 1 else ''}), was {_series(fixed, ', and ')}")
     if generate:
         text += f"{';' if fixed else ','} against transformers' generate on all cores, {_series(generate, ', and ')}"
     text += "."

@@ -4,10 +4,15 @@ k that is, and against transformers' generate on all cores. A fixed mode is neve
 against a chosen baseline alone (psd against sd): the reader is told what auto must beat.
 
 Runs from before auto have no auto rows: their headline is psd against the best of the other
-fixed settings. In them ar ran on one core; `runs_of` names those rows ar-1core."""
+fixed settings. In them ar ran on one core; `runs_of` names those rows ar-1core.
+
+With --rounds the ratios are paired: in each round the subject against that round's best
+fixed setting (and generate), both measured in the round; stated as the median and range of
+those ratios, never as a ratio of medians measured at different times."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 TOKENS_PER_S = "output_tokens_per_s"
@@ -41,8 +46,35 @@ def percent(ratio: float) -> str:
     return f"{(ratio - 1) * 100:+.0f}%"
 
 
-def _gain(row: dict, baseline: dict) -> str:
-    return percent(row[TOKENS_PER_S] / baseline[TOKENS_PER_S])
+def ratio_range(figures: dict, key: str) -> str:
+    """The range of a headline ratio of `figures` (Headline.figures) over its rounds as gains,
+    "-3% to +5%, 3 rounds"; "" for one round."""
+    ratios = figures.get(f"{key}_rounds", [])
+    return f"{percent(min(ratios))} to {percent(max(ratios))}, {len(ratios)} rounds" if len(ratios) > 1 else ""
+
+
+def ratio_text(figures: dict, key: str) -> str:
+    """A headline ratio as a gain: "+6%", or over rounds its median and range, "+2% (-3% to +5%, 3 rounds)"."""
+    spread = ratio_range(figures, key)
+    return percent(figures[key]) + (f" ({spread})" if spread else "")
+
+
+def best_fixed_text(figures: dict) -> str:
+    """"psd, k=4", or over rounds each round's best: "psd, k=4 or sd, k=2" where they differ."""
+    return " or ".join(dict.fromkeys(figures.get("best_fixed_rounds") or [figures["best_fixed"]]))
+
+
+def num_rounds(rows: list[dict]) -> int:
+    """How many rounds the rows were measured in: 1 unless every row has the same number (> 1)
+    of per-round throughputs to pair."""
+    counts = {len(r.get("tokens_per_s_rounds", [])) for r in rows}
+    return counts.pop() if len(counts) == 1 and min(counts) > 1 else 1
+
+
+def round_rows(rows: list[dict], index: int) -> list[dict]:
+    """The rows as round `index` measured them (throughput only; the rest stay medians)."""
+    return [{**{key: value for key, value in r.items() if key != "tokens_per_s_rounds"},
+             TOKENS_PER_S: r["tokens_per_s_rounds"][index]} for r in rows]
 
 
 @dataclass(frozen=True)
@@ -50,32 +82,47 @@ class Headline:
     subject: dict                   # auto's row (psd's best k in runs without auto)
     best_fixed: dict | None         # the fastest fixed setting other than the subject
     generate: dict | None           # transformers' generate at the same concurrency
+    rounds: tuple[Headline, ...] = ()    # each round's own headline, where there are rounds
 
     def figures(self) -> dict:
-        """What the subject's row stores: ratios of output throughput and the setting it is held against."""
+        """What the subject's row stores: ratios of output throughput and the setting it is held
+        against; over rounds, each ratio is the median of the paired per-round ratios, which
+        (and each round's best fixed setting) are kept as KEY_rounds."""
         out: dict = {}
         if self.best_fixed is not None:
             out.update(best_fixed=setting(self.best_fixed),
                        over_best_fixed=self.subject[TOKENS_PER_S] / self.best_fixed[TOKENS_PER_S])
         if self.generate is not None:
             out["over_generate"] = self.subject[TOKENS_PER_S] / self.generate[TOKENS_PER_S]
+        per_round = [top.figures() for top in self.rounds]
+        for key in list(out) if per_round else []:
+            values = [figures[key] for figures in per_round if key in figures]
+            out[f"{key}_rounds"] = values
+            if key != "best_fixed":
+                out[key] = statistics.median(values)
         return out
 
     def gains(self) -> list[tuple[str, str]]:
-        """-> (baseline, "+6%") for the best fixed setting and transformers generate."""
+        """-> (baseline, "+6%") for the best fixed setting and transformers generate; over rounds
+        the baseline is each round's best fixed setting and the gain says its range."""
+        figures = self.figures()
         out = []
         if self.best_fixed is not None:
-            out.append((f"the best fixed setting ({setting(self.best_fixed)})", _gain(self.subject, self.best_fixed)))
+            of_each = " of each round" if self.rounds else ""
+            out.append((f"the best fixed setting{of_each} ({best_fixed_text(figures)})",
+                        ratio_text(figures, "over_best_fixed")))
         if self.generate is not None:
-            out.append(("transformers generate", _gain(self.subject, self.generate)))
+            out.append(("transformers generate", ratio_text(figures, "over_generate")))
         return out
 
 
 def headline(rows: list[dict]) -> Headline | None:
     """The headline of the rows measured at one concurrency; None without auto or psd."""
+    rounds = num_rounds(rows)
     for mode in SUBJECTS:
         subject = _best(rows, (mode,))
         if subject is not None:
             others = tuple(m for m in FIXED_MODES if m != mode)
-            return Headline(subject, _best(rows, others), _best(rows, (GENERATE,)))
+            per_round = tuple(headline(round_rows(rows, index)) for index in range(rounds)) if rounds > 1 else ()
+            return Headline(subject, _best(rows, others), _best(rows, (GENERATE,)), per_round)
     return None

@@ -10,11 +10,18 @@ of C/2 (one batch of 1 at C = 1, where it has no overlap ceiling), auto C in the
 picks. The headline is auto against the best fixed setting and transformers' generate
 (headline.py). Writes one JSON with every number and PNG plots.
 
-This file is the run loop and the flags. The rest of the harness: runs.py (presets and the
-list of runs), workload.py (prompts), driver.py (drives requests and times them), phases.py
-(a rate that steps), report.py (the numbers of a run), headline.py (what auto is measured
-against), table.py (how the numbers are shown), environment.py, plots.py, peers.py
-(transformers), doc_regions.py (the docs' figures, regenerated from a bench.json).
+A run sends --num-prompts prompts, by default max(16, 2C). --rounds N makes every run at a
+concurrency N times, interleaved (each round in another order, runs.round_order), and
+reports each figure as the median of its rounds with the throughput's spread, and the
+headline's ratios paired within each round (rounds.py, headline.py): a run of a few seconds
+on a noisy machine swings 10-25%, and one round says little about a gain of a few percent.
+
+This file is the run loop and the flags. The rest of the harness: runs.py (presets, the
+list of runs and their order in each round), rounds.py (rounds folded into medians),
+workload.py (prompts), driver.py (drives requests and times them), phases.py (a rate that
+steps), report.py (the numbers of a run), headline.py (what auto is measured against),
+table.py (how the numbers are shown), environment.py, plots.py, peers.py (transformers),
+doc_regions.py (the docs' figures, regenerated from a bench.json).
 """
 
 from __future__ import annotations
@@ -35,7 +42,9 @@ from minedraft.bench.phases import (format_rate_steps, parse_rate_steps, phase_m
 from minedraft.bench.plots import plot_auto, plot_rate_steps, plot_timeline, plot_vs_concurrency, plot_vs_k
 from minedraft.bench.report import (acceptance_by_kind, auto_metrics, model_error, plain, psd_against_sd,
                                     request_metrics, step_metrics)
-from minedraft.bench.runs import PEERS, SERVER, UNEQUAL, Progress, RunSpec, apply_presets, run_list, serve_config
+from minedraft.bench.rounds import fold_rows, fold_runs
+from minedraft.bench.runs import (PEERS, SERVER, UNEQUAL, Progress, RunSpec, apply_presets, num_prompts, round_order,
+                                  run_list, serve_config)
 from minedraft.bench.table import terminal_table
 from minedraft.bench.workload import DATASETS, Workload, load_workload
 from minedraft.client import Client
@@ -52,8 +61,8 @@ def arrivals_for(count: int, args: argparse.Namespace) -> list[float] | None:
 
 def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> Workload:
     """The prompts of a run: as many as the --rate-steps schedule sends, else --num-prompts
-    (default 2C), `scale` times over."""
-    count = len(poisson_arrivals(args.rate_steps)) if args.rate_steps else args.num_prompts or 2 * concurrency
+    (default max(16, 2C)), `scale` times over."""
+    count = len(poisson_arrivals(args.rate_steps)) if args.rate_steps else num_prompts(concurrency, args)
     return load_workload(args.dataset, scale * count)
 
 
@@ -129,13 +138,14 @@ def compare(runs: dict, concurrency: int, args: argparse.Namespace) -> None:
             row.update(psd_against_sd(row, result["steps"], sd["row"], sd["steps"], concurrency))
 
 
-def measure_concurrency(specs: list[RunSpec], concurrency: int, args: argparse.Namespace,
-                        progress: Progress) -> tuple[dict, list[dict]]:
-    """Every run at one concurrency -> ((mode, k) -> measured run, transformers' rows)."""
+def measure_round(specs: list[RunSpec], concurrency: int, args: argparse.Namespace, progress: Progress,
+                  index: int) -> tuple[dict, list[dict]]:
+    """One round of the runs at one concurrency, in `specs`' order -> ((mode, k) -> measured
+    run, transformers' rows), each compared with the same round's ar."""
     workload = workload_for(concurrency, args)
     runs, peers = {}, []
     for spec in specs:
-        progress.begin(spec)
+        progress.begin(spec, index)
         if spec.mode == PEERS:
             peers = peer_rows(args, workload.prompts, concurrency)
         elif spec.mode == SERVER:
@@ -146,7 +156,17 @@ def measure_concurrency(specs: list[RunSpec], concurrency: int, args: argparse.N
         else:
             runs[(spec.mode, spec.k)] = run_one(spec, workload, args)
         progress.end()
+    compare(runs, concurrency, args)
     return runs, peers
+
+
+def measure_concurrency(specs: list[RunSpec], concurrency: int, args: argparse.Namespace,
+                        progress: Progress) -> tuple[dict, list[dict]]:
+    """Every run at one concurrency, --rounds times interleaved -> ((mode, k) -> measured run,
+    transformers' rows), one per (mode, k) with the medians of its rounds (in round 1's order)."""
+    rounds = [measure_round(round_order(specs, index, args.rounds), concurrency, args, progress, index)
+              for index in range(args.rounds)]
+    return fold_runs([runs for runs, _ in rounds]), fold_rows([peers for _, peers in rounds])
 
 
 def plot_runs(runs: dict, concurrency: int, args: argparse.Namespace, out: Path) -> None:
@@ -174,11 +194,10 @@ def run(args: argparse.Namespace) -> int:
     report = {"config": config, "environment": environment(), "runs": []}
     rows = []
     specs = run_list(args)
-    progress = Progress(len(specs))
+    progress = Progress(len(specs) * args.rounds, args.rounds)
     for concurrency in args.concurrency:
         runs, peers = measure_concurrency([s for s in specs if s.concurrency == concurrency], concurrency,
                                           args, progress)
-        compare(runs, concurrency, args)
         measured = [result["row"] for result in runs.values()] + peers
         top = headline(measured)
         if top is not None and top.subject["mode"] == "auto":
@@ -208,7 +227,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--auto-k", type=int, default=None,
                        help="the longest draft auto may choose (default: the largest --k)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[8])
-    bench.add_argument("--num-prompts", type=int, default=0, help="default: 2 x concurrency")
+    bench.add_argument("--num-prompts", type=int, default=0,
+                       help="prompts per run (default: max(16, 2 x concurrency), so a run at C = 1 or 2 "
+                            "lasts more than a second or two)")
+    bench.add_argument("--rounds", type=int, default=1,
+                       help="make every run at a concurrency N times, interleaved (each round in another "
+                            "order); report each figure's median, the throughput's spread, and the "
+                            "headline's ratios paired within rounds (median and range)")
     bench.add_argument("--max-tokens", type=int, default=64)
     bench.add_argument("--natural-stop", dest="ignore_eos", action="store_false",
                        help="stop at EOS instead of generating exactly --max-tokens")
@@ -246,6 +271,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true",
                        help="C=8, k in {4, 6}, all default modes: a minute or two on 2 CPU cores")
     bench.add_argument("--sweep", action="store_true",
-                       help="C in 1..64 (powers of 2), all default modes, k in {2, 4, 6} (psd also 8): hours")
+                       help="C in 1..64 (powers of 2), all default modes, k in {2, 4, 6} (psd also 8): hours; "
+                            "add --rounds N (N times as long) for medians a ratio can be stated from")
     bench.set_defaults(func=run, ignore_eos=True)
     return bench

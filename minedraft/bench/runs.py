@@ -1,6 +1,7 @@
 """What one `minedraft bench` invocation runs: the presets (--quick, --sweep, --memory-bound),
-the list of (mode, k, concurrency) runs they expand to, how each mode's services are started,
-and the progress line printed before each run, because a sweep runs for hours."""
+the list of (mode, k, concurrency) runs they expand to, the order of each round of them
+(--rounds), how many prompts a run sends, how each mode's services are started, and the
+progress line printed before each run, because a sweep runs for hours."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ MEMORY_BOUND_ACCEPTANCE = 0.7
 SWEEP_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 SWEEP_K = [2, 4, 6]
 SWEEP_PSD_K = [2, 4, 6, 8]
+# --num-prompts' floor: at C = 1 or 2, 2C prompts last a second or two, which this machine's
+# noise swamps.
+MIN_PROMPTS = 16
 PEERS = "peers"          # transformers' rows (peers.py), one entry for the pair at a concurrency
 SERVER = "server"        # --server: the running gateway's own mode and k
 UNEQUAL = "psd-2xC"
@@ -64,8 +68,9 @@ def apply_presets(args: argparse.Namespace) -> str | None:
         return "the --rate-steps schedule sends no request: raise a rate or lengthen a phase"
     if args.peers and args.random_weights:
         return "--peers runs transformers on the checkpoints: it cannot run with random weights"
-    if min([*args.concurrency, *args.k, *(args.psd_k or []), 1 if args.auto_k is None else args.auto_k]) < 1:
-        return "--concurrency, --k, --psd-k and --auto-k must be at least 1"
+    if min([*args.concurrency, *args.k, *(args.psd_k or []), 1 if args.auto_k is None else args.auto_k,
+            args.rounds]) < 1:
+        return "--concurrency, --k, --psd-k, --auto-k and --rounds must be at least 1"
     return None
 
 
@@ -83,6 +88,12 @@ def prepare_memory_bound(out: Path) -> tuple[str, str]:
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(Path(bundled.TARGET) / name, Path(paths[0]) / name)
     return paths[0], paths[1]
+
+
+def num_prompts(concurrency: int, args: argparse.Namespace) -> int:
+    """--num-prompts, by default max(16, 2C): every request slot refilled once, and never so
+    few that the run ends before the machine's noise averages out."""
+    return args.num_prompts or max(MIN_PROMPTS, 2 * concurrency)
 
 
 def mode_ks(mode: str, args: argparse.Namespace) -> list[int]:
@@ -137,6 +148,19 @@ def run_list(args: argparse.Namespace) -> list[RunSpec]:
     return specs
 
 
+def round_order(specs: list[RunSpec], index: int, rounds: int) -> list[RunSpec]:
+    """The runs of round `index` (from 0) of `rounds`: every spec once. Odd rounds run the
+    previous round's order backwards, so over a pair of rounds a slow drift of the machine's
+    speed weighs on every spec alike; each pair starts a further len/pairs specs along the
+    list, so no spec always runs first. Round 0 is the usual order."""
+    if not specs:
+        return []
+    pairs = (rounds + 1) // 2
+    shift = index // 2 * max(1, len(specs) // pairs) % len(specs)
+    order = specs[shift:] + specs[:shift]
+    return order[::-1] if index % 2 else order
+
+
 def _duration(seconds: float) -> str:
     seconds = round(seconds)
     hours, rest = divmod(seconds, 3600)
@@ -151,13 +175,14 @@ def progress_line(done: int, total: int, elapsed_s: float, label: str) -> str:
 
 
 class Progress:
-    """Prints progress_line before each run."""
+    """Prints progress_line before each run, naming its round where there is more than one."""
 
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.started = total, 0, time.perf_counter()
+    def __init__(self, total: int, rounds: int = 1) -> None:
+        self.total, self.rounds, self.done, self.started = total, rounds, 0, time.perf_counter()
 
-    def begin(self, spec: RunSpec) -> None:
-        print(progress_line(self.done, self.total, time.perf_counter() - self.started, spec.label), flush=True)
+    def begin(self, spec: RunSpec, index: int = 0) -> None:
+        label = f"round {index + 1}/{self.rounds}: {spec.label}" if self.rounds > 1 else spec.label
+        print(progress_line(self.done, self.total, time.perf_counter() - self.started, label), flush=True)
 
     def end(self) -> None:
         self.done += 1

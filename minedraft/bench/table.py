@@ -1,7 +1,8 @@
 """The columns of a benchmark table, each figure's formatting defined once, and the two views
 of them: the terminal table `minedraft bench` prints and the markdown tables of
 docs/benchmarks.md (scripts/bench_table.py). A column no row has a figure for is left out of
-both, so a run without auto or a cost model shows no empty auto columns."""
+both, so a run without auto or a cost model shows no empty auto columns, and a run of one
+round no spread."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, runs_of
+from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,11 @@ MODE = Column("mode", 13, lambda row: row["mode"])
 # transformers' rows (hf-*) choose their own draft length: no k to show. auto's is k_max.
 K = Column("k", 3, lambda row: "" if row["mode"].startswith("hf-") else str(row["k"]))
 THROUGHPUT = Column("tok/s", 8, _figure(TOKENS_PER_S, ".1f"))
+# Over --rounds: tok/s is the median of the rounds, spread % its (max - min) / median.
+SPREAD = Column("spread %", 9, _figure("tokens_per_s_spread", ".1f", 100))
 REQUESTS = Column("req/s", 7, _figure("requests_per_s", ".2f"))
 SAME_AS_AR = Column("==ar", 6, _same_as_ar)
-COLUMNS = (MODE, K, THROUGHPUT, REQUESTS,
+COLUMNS = (MODE, K, THROUGHPUT, SPREAD, REQUESTS,
            Column("p50 s", 7, _figure("latency_p50_s", ".2f")),
            Column("p99 s", 7, _figure("latency_p99_s", ".2f")),
            Column("TTFT s", 7, _figure("ttft_p50_s", ".2f")),
@@ -116,14 +119,22 @@ def _details(rows: list[dict]) -> list[str]:
     return lines
 
 
+def rounds_note(rows: list[dict]) -> str:
+    """What the figures are over rounds ("" for one round): said once above a table."""
+    rounds = num_rounds(rows)
+    return f"medians of {rounds} interleaved rounds; spread %: (max - min) / median of tok/s" if rounds > 1 else ""
+
+
 def terminal_table(rows: list[dict], concurrency: int) -> str:
     """The rows measured at one concurrency, as `minedraft bench` prints them."""
     half = concurrency // 2
     psd = f"2 x {half}" if half else "one batch of 1"
     columns = _present(COLUMNS, [r for r in rows if _note(r) is None])
+    over_rounds = rounds_note(rows)
     lines = [f"\n== concurrency {concurrency}: ar/sd hold {concurrency} requests as one batch, psd as {psd}, "
-             f"auto {concurrency} in the layout it picks ==", _terminal_line((c.header for c in columns), columns)]
-    short = (MODE, K, THROUGHPUT)
+             f"auto {concurrency} in the layout it picks" + (f"; {over_rounds}" if over_rounds else "") + " ==",
+             _terminal_line((c.header for c in columns), columns)]
+    short = (MODE, K, THROUGHPUT, SPREAD) if SPREAD in columns else (MODE, K, THROUGHPUT)
     for row in rows:
         note = _note(row)
         if note is None:
@@ -171,7 +182,8 @@ def markdown_tables(report: dict) -> str:
     out: list[str] = []
     for concurrency, rows in by_concurrency(report).items():
         best = best_by_mode(rows)
-        out += [f"### Concurrency {concurrency}", "",
+        over_rounds = rounds_note(rows)
+        out += [f"### Concurrency {concurrency}", "", *([f"Figures: {over_rounds}.", ""] if over_rounds else []),
                 *markdown_table(rows, top=max(rows, key=lambda r: r[TOKENS_PER_S])), ""]
         summary = ", ".join(f"{_best_k(m, b)} {b[TOKENS_PER_S]:.1f}" for m, b in best.items())
         text = headline_text(rows)
