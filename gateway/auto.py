@@ -32,7 +32,8 @@ logger = logging.getLogger("minedraft.gateway")
 SLOWDOWN_WINDOW = 32        # steps per layout the slowdown is the median of
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SLOWDOWN_MAX_AGE_S = 30.0   # older step timings no longer count (the load has moved on)
-SWITCH_MARGIN = 1.03        # a new layout must be predicted this much faster than the current
+SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
+                            # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.8        # try a layout not measured lately if predicted this close to the best
 EXPLORE_STEPS = 8           # ... until this many of its steps are timed
 EXPLORE_MAX_S = 2.0         # ... or for this long at most

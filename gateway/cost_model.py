@@ -3,9 +3,13 @@
 The services report their busy time per call (the step records). Two linear models, fitted
 online by least squares with a weak prior so that a handful of calls already gives an answer:
 
-  drafter  t(k_1..k_b) = a_t * max_i k_i + b_t * sum_i k_i + c_t
+  drafter  t(k_1..k_b) = a_t * max_i k_i + b_t * sum_i k_i + c_t + p_t * catch-up tokens
            (k_max sequential forwards; each costs a fixed part and a part per request drafting)
-  verifier V(n)         = a_v + b_v * n      (n = sum_i (k_i + 1) tokens verified)
+  verifier V(n)         = a_v + b_v * n + p_v * prompt tokens  (n = sum_i (k_i + 1) tokens verified)
+
+Prompt and catch-up tokens (requests new to a service, or back to drafting after a while) are
+their own feature: a long chunk costs less per token than decoding, and folding both into one
+slope skews the steady-state prediction the planner needs (which has none of them).
 
 plus the gateway's own share per step (transport and bookkeeping), measured as wall time minus
 busy time. No constant is assumed about the hardware: a GPU's flat V (memory-bound) and a CPU's
@@ -91,22 +95,26 @@ class StepCosts:
     # Plain decoding on the cores lent by the idle drafter (None: nothing is lent).
     borrowed_fixed: float | None = None
     borrowed_per_token: float | None = None
+    draft_per_new_token: float = 0.0    # p_t: catch-up tokens
+    verify_per_new_token: float = 0.0   # p_v: prompt tokens (own cores and lent ones alike)
 
     def draft(self, ks: list[int], new_tokens: int = 0) -> float:
         """new_tokens: catch-up tokens the first forward carries besides the drafts."""
         if not ks or max(ks) == 0:
             return 0.0
-        return (self.draft_fixed + self.draft_per_forward * max(ks)
-                + self.draft_per_token * (sum(ks) + new_tokens))
+        return (self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
+                + self.draft_per_new_token * new_tokens)
 
     def verify(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
         """new_tokens: prompt tokens of requests new to the verifier, prefilled in the same forward."""
         if not ks:
             return 0.0
-        tokens = sum(k + 1 for k in ks) + new_tokens
+        tokens = sum(k + 1 for k in ks)
         if borrowed and self.borrowed_fixed is not None:
-            return self.borrowed_fixed + self.borrowed_per_token * tokens
-        return self.verify_fixed + self.verify_per_token * tokens
+            fixed, per_token = self.borrowed_fixed, self.borrowed_per_token
+        else:
+            fixed, per_token = self.verify_fixed, self.verify_per_token
+        return fixed + per_token * tokens + self.verify_per_new_token * new_tokens
 
 
 class CostModel:
@@ -115,9 +123,10 @@ class CostModel:
 
     def __init__(self, prior: StepCosts | None = None) -> None:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
-        self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed))
-        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token))
-        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token))
+        self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed,
+                                 prior.draft_per_token))
+        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token))
+        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token))
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
 
@@ -132,13 +141,13 @@ class CostModel:
     def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0) -> None:
         if ks and max(ks) > 0:
             self._track(self.costs().draft(ks, new_tokens), busy_s)
-            self._draft.observe((float(max(ks)), float(sum(ks) + new_tokens), 1.0), busy_s)
+            self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
 
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
         if ks:
             self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
             fit = self._borrowed if borrowed else self._verify
-            fit.observe((1.0, float(sum(k + 1 for k in ks) + new_tokens)), busy_s)
+            fit.observe((1.0, float(sum(k + 1 for k in ks)), float(new_tokens)), busy_s)
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -153,10 +162,11 @@ class CostModel:
         return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
 
     def costs(self) -> StepCosts:
-        per_forward, per_token, fixed = (max(0.0, w) for w in self._draft.weights)
-        verify_fixed, verify_per_token = (max(0.0, w) for w in self._verify.weights)
+        per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
+        verify_fixed, verify_per_token, verify_new = (max(0.0, w) for w in self._verify.weights)
         borrowed = None, None
         if self._borrowed.num_observations:
-            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights)
+            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights[:2])
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
-        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed)
+        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed,
+                         draft_per_new_token=draft_new, verify_per_new_token=verify_new)

@@ -97,7 +97,9 @@ class EngineCalls:
         the service reports of its own time (its compute ends just before it answers)."""
         wall_s = time.perf_counter() - start
         self.deadlines.observe(kind, wall_s)
-        if fields.get("layout") in ("ar", "sd"):        # psd's calls queue behind the other batch's
+        # Only sd's calls: ar keeps two steps in flight and psd's calls queue behind the other
+        # batch's, so their wall time holds another call's busy time.
+        if fields.get("layout") == "sd":
             self.model.observe_gateway(wall_s, fields.get("draft_busy_s", 0.0) + fields.get("verify_busy_s", 0.0)
                                        + fields.get("data_plane_s", 0.0))
         self.step_records.append(generation_pb2.StepRecord(
