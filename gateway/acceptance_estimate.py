@@ -5,6 +5,11 @@ share of steps that drafted j and had j accepted (minedraft.metrics counts exact
 pulled towards the pool-wide share by `prior_strength` pseudo-steps: a new request starts from
 what the others did, and one the draft model predicts badly (or well) moves away within a
 few steps.
+
+A position the pool has drafted too rarely to measure is extrapolated from the ones before it
+(the last measured conditional acceptance, position after position), not set to a fixed guess:
+a pessimistic guess for deep positions would keep drafts short, and short drafts never measure
+the deep positions that would show they pay.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from minedraft.metrics import AcceptanceStats
 
 
 class AcceptanceEstimate:
-    def __init__(self, k_max: int, prior_strength: float = 4.0, initial_rate: float = 0.5) -> None:
+    MIN_MEASURED = 8        # steps that drafted a position before the pool's rate there is used
+
+    def __init__(self, k_max: int, prior_strength: float = 4.0, initial_rate: float = 0.7) -> None:
         self.k_max = k_max
         self.prior_strength = prior_strength
         self.initial_rate = initial_rate      # before anything was drafted anywhere
@@ -25,9 +32,22 @@ class AcceptanceEstimate:
         self.pool.record(num_drafted, num_accepted)
 
     def pool_reach(self) -> tuple[float, ...]:
-        rates = self.pool.acceptance_rate_per_position
-        return tuple(rates[j] if j < len(rates) and self.pool.drafted_at[j] else self.initial_rate ** (j + 1)
-                     for j in range(self.k_max))
+        """[j]: the pool's P(drafts 1..j+1 all accepted): measured where drafted often enough,
+        else the previous position's times the last measured conditional acceptance."""
+        drafted, accepted = self.pool.drafted_at, self.pool.accepted_at
+        out: list[float] = []
+        conditional = self.initial_rate
+        for j in range(self.k_max):
+            if j < len(drafted) and drafted[j] >= self.MIN_MEASURED:
+                reach = accepted[j] / drafted[j]
+                if out and out[-1] > 0:
+                    conditional = min(1.0, reach / out[-1])
+                elif not out:
+                    conditional = reach
+            else:
+                reach = (out[-1] if out else 1.0) * conditional
+            out.append(reach)
+        return tuple(out)
 
     def reach(self, stats: AcceptanceStats) -> tuple[float, ...]:
         """[j]: the request's estimated P(drafts 1..j+1 all accepted)."""

@@ -34,9 +34,9 @@ MATURE_CALLS = 8            # calls of a kind the cost model needs before its pr
 SLOWDOWN_MAX_AGE_S = 30.0   # older step timings no longer count (the load has moved on)
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free)
-EXPLORE_WITHIN = 0.8        # try a layout not measured lately if predicted this close to the best
-EXPLORE_STEPS = 8           # ... until this many of its steps are timed
-EXPLORE_MAX_S = 2.0         # ... or for this long at most
+EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
+EXPLORE_STEPS = 6           # ... until this many of its steps are timed
+EXPLORE_MAX_S = 1.0         # ... or for this long at most
 
 
 class AutoPlanner:
@@ -56,6 +56,7 @@ class AutoPlanner:
         self._planned_at = float("-inf")
         self._steps = 0
         self._exploring: tuple[str, float] | None = None       # (layout, since)
+        self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
         self.explorations = 0
 
     # ---- measuring -------------------------------------------------------------------------
@@ -97,9 +98,12 @@ class AutoPlanner:
                       for r in requests]
             slowdown = {layout: self.slowdown(layout) for layout in LAYOUTS}
             best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown)
-            stay = self._layout_to_try(best) or self._layout_to_keep(best)
+            trying = self._layout_to_try(best)
+            if trying is None:
+                self._settled = self._layout_to_keep(best) or best.layout
+            stay = trying or self._settled
             plan = best
-            if stay is not None:
+            if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown)
                 plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
                             best.considered, plan.threshold, plan.cap)
@@ -130,10 +134,11 @@ class AutoPlanner:
         return None
 
     def _layout_to_keep(self, best: Plan) -> str | None:
-        """The current layout, unless the best is clearly better (no flapping on noise)."""
-        current = best.considered.get(self.plan.layout)
-        if current is not None and best.layout != self.plan.layout and best.tokens_per_s < current * SWITCH_MARGIN:
-            return self.plan.layout
+        """The settled layout, unless the best is clearly better (no flapping on noise). A
+        layout only being tried never counts as settled: after its trial it must win outright."""
+        current = best.considered.get(self._settled)
+        if current is not None and best.layout != self._settled and best.tokens_per_s < current * SWITCH_MARGIN:
+            return self._settled
         return None
 
     def draft_length(self, req: ActiveRequest, k_cap: int) -> int:
@@ -157,7 +162,9 @@ class AutoPlanner:
             verify_fixed_s=c.verify_fixed, verify_per_token_s=c.verify_per_token,
             gateway_per_call_s=c.gateway_per_step, draft_calls=self.model.draft_calls,
             verify_calls=self.model.verify_calls, median_error=self.model.median_error,
-            verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token)
+            verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token,
+            draft_per_new_token_s=c.draft_per_new_token, verify_per_new_token_s=c.verify_per_new_token,
+            verify_borrowed_per_new_token_s=c.borrowed_per_new_token, prompt_tokens_per_s=c.prompt_tokens_per_s)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

@@ -5,7 +5,9 @@ online by least squares with a weak prior so that a handful of calls already giv
 
   drafter  t(k_1..k_b) = a_t * max_i k_i + b_t * sum_i k_i + c_t + p_t * catch-up tokens
            (k_max sequential forwards; each costs a fixed part and a part per request drafting)
-  verifier V(n)         = a_v + b_v * n + p_v * prompt tokens  (n = sum_i (k_i + 1) tokens verified)
+  verifier V(n)         = a_v + b_v * n + s_v * b + p_v * prompt tokens
+                          (n = sum_i (k_i + 1) tokens verified, b requests: each request's
+                           attention reads its own KV, whatever the tokens it verifies)
 
 Prompt and catch-up tokens (requests new to a service, or back to drafting after a while) are
 their own feature: a long chunk costs less per token than decoding, and folding both into one
@@ -18,8 +20,11 @@ steep one (compute-bound) come out of the same fit.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
+
+PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
 
 
 class LinearFit:
@@ -96,7 +101,24 @@ class StepCosts:
     borrowed_fixed: float | None = None
     borrowed_per_token: float | None = None
     draft_per_new_token: float = 0.0    # p_t: catch-up tokens
-    verify_per_new_token: float = 0.0   # p_v: prompt tokens (own cores and lent ones alike)
+    verify_per_new_token: float = 0.0   # p_v: prompt tokens
+    borrowed_per_new_token: float | None = None     # p_v on the lent cores too
+    verify_per_request: float = 0.0     # s_v
+    borrowed_per_request: float | None = None
+    prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently
+
+    def prefill_share(self, layout: str) -> float:
+        """The share of a second the busiest service spends on arriving prompts in this
+        layout (the rest decodes): ar prefills on the lent cores, sd on the verifier and then
+        the drafter, psd on both at once."""
+        if layout == "ar":
+            per_token = self.verify_per_new_token if self.borrowed_per_new_token is None \
+                else self.borrowed_per_new_token
+        elif layout == "sd":
+            per_token = self.verify_per_new_token + self.draft_per_new_token
+        else:
+            per_token = max(self.verify_per_new_token, self.draft_per_new_token)
+        return min(0.95, self.prompt_tokens_per_s * per_token)
 
     def draft(self, ks: list[int], new_tokens: int = 0) -> float:
         """new_tokens: catch-up tokens the first forward carries besides the drafts."""
@@ -112,9 +134,11 @@ class StepCosts:
         tokens = sum(k + 1 for k in ks)
         if borrowed and self.borrowed_fixed is not None:
             fixed, per_token = self.borrowed_fixed, self.borrowed_per_token
+            per_new_token, per_request = self.borrowed_per_new_token, self.borrowed_per_request
         else:
             fixed, per_token = self.verify_fixed, self.verify_per_token
-        return fixed + per_token * tokens + self.verify_per_new_token * new_tokens
+            per_new_token, per_request = self.verify_per_new_token, self.verify_per_request
+        return fixed + per_token * tokens + per_request * len(ks) + per_new_token * new_tokens
 
 
 class CostModel:
@@ -125,10 +149,21 @@ class CostModel:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
         self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed,
                                  prior.draft_per_token))
-        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token))
-        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token))
+        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
+        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
+        self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
+
+    def observe_prompts(self, tokens: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self._prompts.append((now, tokens))
+        while self._prompts and self._prompts[0][0] < now - PROMPT_WINDOW_S:
+            self._prompts.popleft()
+
+    def prompt_tokens_per_s(self, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        return sum(n for when, n in self._prompts if when >= now - PROMPT_WINDOW_S) / PROMPT_WINDOW_S
 
     @property
     def draft_calls(self) -> int:
@@ -147,7 +182,7 @@ class CostModel:
         if ks:
             self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
             fit = self._borrowed if borrowed else self._verify
-            fit.observe((1.0, float(sum(k + 1 for k in ks)), float(new_tokens)), busy_s)
+            fit.observe((1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks))), busy_s)
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -163,10 +198,12 @@ class CostModel:
 
     def costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
-        verify_fixed, verify_per_token, verify_new = (max(0.0, w) for w in self._verify.weights)
-        borrowed = None, None
+        verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
+        borrowed = None, None, None, None
         if self._borrowed.num_observations:
-            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights[:2])
+            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights)
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
-        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed,
-                         draft_per_new_token=draft_new, verify_per_new_token=verify_new)
+        return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
+                         draft_per_new_token=draft_new, verify_per_new_token=verify_new,
+                         borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
+                         verify_per_request=verify_request, borrowed_per_request=borrowed[3])

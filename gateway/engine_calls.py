@@ -131,13 +131,16 @@ class EngineCalls:
             sources=sources, after_step_id=after_step_id, borrow_cpus=borrow_cpus)
         ks = [item.num_draft for item in message.items if not item.drop]
         new_tokens = sum(len(r.token_ids) for r in new_requests)
+        if observe and layout != "profile":
+            self.model.observe_prompts(new_tokens)
         predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
         response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
         if observe:
             self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
-                    verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted)
+                    verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted,
+                    borrowed=response.borrowed)
         return response, predicted
 
     async def draft(self, step_id: int, drafter: DrafterHandle,

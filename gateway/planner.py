@@ -13,7 +13,10 @@ tokens a step.
 
 where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
 verifier's on the cores the idle drafter lends it (V where nothing is lent), and g the
-gateway's share per call (plain decoding keeps two steps in flight: its g hides). Each rate
+gateway's share per call (plain decoding keeps two steps in flight: its g hides). Arriving
+prompts take their share of each second first, at the layout's own prefill cost (ar on the
+lent cores, sd on the verifier then the drafter, psd on both at once), and the rest decodes:
+rate x (1 - prompt tokens/s x per-token prefill cost). Each rate
 is then divided by the layout's measured slowdown, what its steps really took over what
 the model predicted (contention, imperfect overlap), so a layout that runs worse than its
 arithmetic says stops being chosen.
@@ -150,4 +153,4 @@ def _score(layout: str, costs: StepCosts, ks: tuple[int, ...], emitted: float,
         draft = [costs.draft(half) for half in halves]
         verify = [costs.verify(half) for half in halves]
         step = (max(draft[0], verify[1]) + max(draft[1], verify[0]) + g) * slowdown
-    return emitted / step, step
+    return emitted / step * (1.0 - costs.prefill_share(layout)), step

@@ -21,7 +21,7 @@ from minedraft.v1 import engine_pb2
 
 logger = logging.getLogger("minedraft.gateway")
 PROMPT_TOKENS = 16
-BATCH_SIZES = (1, 4, 16)
+BATCH_SIZES = (1, 4, 16, 64)      # capped at max_batch
 REPEATS = 2                 # steps per grid point (the first of a size also prefills)
 
 

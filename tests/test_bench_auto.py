@@ -123,6 +123,57 @@ def test_mixed_workload_alternates_code_and_prose():
     assert acceptance_by_kind([RequestTiming(0, 0, 1, 5, [], AcceptanceStats())], ["code"]) == {}   # ar
 
 
+def test_mixed_workload_is_greedy_code_and_sampled_prose():
+    """Two kinds of clients: code completion greedy, prose sampled with a seed of its own, so its
+    outputs are reproducible and (verification being coupled) equal ar's."""
+    workload = load_workload("mixed", 64)
+    rows = list(zip(workload.kinds, workload.sampling))
+    assert len(rows) == 64 and all(sampling is None for kind, sampling in rows if kind == "code")
+    prose = [sampling for kind, sampling in rows if kind == "prose"]
+    assert len(prose) == 32 and all(sampling["temperature"] == 1.0 for sampling in prose)
+    assert len({sampling["seed"] for sampling in prose}) == 32
+    assert [sampling["seed"] for sampling in prose] == list(range(1, 64, 2))     # the row's index
+    assert load_workload("mixed", 130).sampling[64:66] == workload.sampling[:2]   # repeated with its rows
+    head = workload.head(3)          # an open loop's schedule: each prompt keeps its kind and sampling
+    assert (head.prompts, head.kinds, head.sampling) == (workload.prompts[:3], workload.kinds[:3],
+                                                         workload.sampling[:3])
+    assert load_workload(None, 3).sampling == [None] * 3
+
+
+def test_only_rows_that_ask_are_sampled(tmp_path):
+    """Other sets are unaffected; a row's sampling keys of the wrong type are rejected at its line."""
+    from minedraft.bench.workload import Workload
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "a"}\n"b"\n{"turns": ["c"], "top_k": 5, "top_p": 0.9, "seed": 0}\nd\n')
+    assert load_workload(str(rows), 4).sampling == [None, None, {"top_k": 5, "top_p": 0.9, "seed": 0}, None]
+    for bad in ('"temperature": "hot"', '"seed": 1.5', '"seed": true'):
+        rows.write_text('{"prompt": "a"}\n\n{"prompt": "b", ' + bad + '}\n')
+        with pytest.raises(ValueError, match="rows.jsonl:3: "):
+            load_workload(str(rows), 2)
+    assert Workload(["p"], ["code"]).sampling == [None]
+    with pytest.raises(ValueError, match="1 prompts but 1 kinds and 2 sampling"):
+        Workload(["p"], ["code"], [None, None])
+
+
+def test_driver_sends_each_prompt_its_own_sampling():
+    """The run's length on every request, each row's sampling on top: prose sampled, code greedy."""
+    import asyncio
+
+    from minedraft.bench.driver import request_options, run_workload
+    from minedraft.client.types import build_request
+
+    workload = load_workload("mixed", 4)
+    wire = [build_request(prompt, request_options(48, True, sampling)).sampling
+            for prompt, sampling in zip(workload.prompts, workload.sampling)]
+    assert [(w.max_tokens, w.ignore_eos) for w in wire] == [(48, True)] * 4
+    assert [w.temperature for w in wire] == [0.0, 1.0, 0.0, 1.0]
+    assert [w.HasField("seed") for w in wire] == [False, True, False, True]
+    assert [wire[1].seed, wire[3].seed] == [1, 3]
+    with pytest.raises(ValueError, match="2 prompts but 1 sampling"):      # before any connection
+        asyncio.run(run_workload("localhost:1", ["a", "b"], 4, False, 1, None, "x", sampling=[None]))
+
+
 def _row(mode: str, k: int, tps: float, **extra) -> dict:
     return {"mode": mode, "k": k, "concurrency": 8, "output_tokens_per_s": tps, "verifier_cpus": "0-1", **extra}
 

@@ -96,7 +96,7 @@ def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
     from gateway.acceptance_estimate import AcceptanceEstimate
     from minedraft.metrics import AcceptanceStats
 
-    estimate = AcceptanceEstimate(k_max=4, prior_strength=4.0)
+    estimate = AcceptanceEstimate(k_max=4, prior_strength=4.0, initial_rate=0.5)
     assert estimate.reach(AcceptanceStats()) == pytest.approx((0.5, 0.25, 0.125, 0.0625))   # nothing seen yet
     good, bad = AcceptanceStats(), AcceptanceStats()
     for _ in range(20):
@@ -105,6 +105,22 @@ def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
     newcomer = estimate.reach(AcceptanceStats())
     assert newcomer == pytest.approx((0.5, 0.5, 0.5, 0.5))       # the pool: half the steps took all four
     assert estimate.reach(good)[3] > 0.9 > newcomer[3] > 0.1 > estimate.reach(bad)[0]
+
+
+def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
+    """Only short drafts so far, each accepted with 0.9 given the one before: the deep
+    positions are predicted from that rate, not from a fixed pessimistic guess (which would
+    keep drafts short for ever)."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    estimate = AcceptanceEstimate(k_max=6)
+    stats = AcceptanceStats()
+    for i in range(100):                # drafts of 2: position 1 accepted 90%, position 2 81%
+        estimate.record(stats, 2, 2 if i % 100 < 81 else (1 if i % 100 < 90 else 0))
+    reach = estimate.pool_reach()
+    assert reach[:2] == pytest.approx((0.9, 0.81))
+    assert reach[2:] == pytest.approx((0.729, 0.6561, 0.59049, 0.531441))
 
 
 def _active(i: int, max_draft: int | None = None):

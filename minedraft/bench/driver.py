@@ -5,7 +5,8 @@ Open loop: requests arrive at given times (a Poisson process: `--request-rate`, 
 rate steps, phases.py), at most `concurrency` in flight as in the closed loop; an arrival
 that finds them all busy waits, and its latency and time to first token count from its
 arrival, as its user would see them. Streaming gives time to first token, time per output
-token and when each token arrived.
+token and when each token arrived. Every request has the run's length (max_tokens, ignore_eos);
+a prompt's own sampling (workload.py) rides on top, so one run can mix greedy and sampled clients.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from itertools import accumulate
 
 from tqdm import tqdm
 
-from minedraft.client import AcceptanceSummary, AsyncClient
+from minedraft.bench.workload import Sampling
+from minedraft.client import AcceptanceSummary, AsyncClient, SamplingOptions
 from minedraft.metrics import AcceptanceStats
 
 
@@ -42,7 +44,12 @@ def _acceptance(summary: AcceptanceSummary | None) -> AcceptanceStats:
                            list(summary.drafted_at), list(summary.accepted_at))
 
 
-async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bool, t0: float,
+def request_options(max_tokens: int, ignore_eos: bool, sampling: Sampling | None = None) -> SamplingOptions:
+    """One request's options: the run's length with the prompt's own sampling, else greedy."""
+    return SamplingOptions(max_tokens=max_tokens, ignore_eos=ignore_eos, **(sampling or {}))
+
+
+async def _one(client: AsyncClient, prompt: str, options: SamplingOptions, t0: float,
                arrival_s: float | None = None) -> RequestTiming:
     """One streamed request; timed from `arrival_s` (run clock) when given, else from now."""
     start = t0 + arrival_s if arrival_s is not None else time.perf_counter()
@@ -50,7 +57,7 @@ async def _one(client: AsyncClient, prompt: str, max_tokens: int, ignore_eos: bo
     tokens: list[int] = []
     token_s: list[float] = []
     stats = None
-    async for chunk in client.stream(prompt, max_tokens=max_tokens, ignore_eos=ignore_eos):
+    async for chunk in client.stream(prompt, options):
         now = time.perf_counter()
         if chunk.token_ids and first is None:
             first = now
@@ -69,9 +76,14 @@ def poisson_times(count: int, rate: float, seed: int = 0) -> list[float]:
 
 
 async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool,
-                       concurrency: int, arrivals: list[float] | None, label: str) -> tuple[list[RequestTiming], float]:
-    """arrivals: each prompt's arrival time in s (open loop), None for the closed loop.
+                       concurrency: int, arrivals: list[float] | None, label: str,
+                       sampling: list[Sampling | None] | None = None) -> tuple[list[RequestTiming], float]:
+    """arrivals: each prompt's arrival time in s (open loop), None for the closed loop;
+    sampling: each prompt's own (Workload.sampling), None for greedy throughout.
     -> per-request timings (in prompt order) and the run's wall time."""
+    options = [request_options(max_tokens, ignore_eos, own) for own in sampling or [None] * len(prompts)]
+    if len(options) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(options)} sampling entries")
     results: list[RequestTiming | None] = [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc=label, unit="req", leave=False)
     async with AsyncClient(address, timeout=3600) as client:
@@ -79,7 +91,7 @@ async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore
         t0 = time.perf_counter()
 
         async def run_index(i: int, arrival_s: float | None = None) -> None:
-            results[i] = await _one(client, prompts[i], max_tokens, ignore_eos, t0, arrival_s)
+            results[i] = await _one(client, prompts[i], options[i], t0, arrival_s)
             bar.update(1)
 
         if arrivals is None:

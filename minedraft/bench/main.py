@@ -75,9 +75,9 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
         skip = len(client.step_stats())
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
-        workload = Workload(workload.prompts[:len(arrivals)], workload.kinds[:len(arrivals)])
+        workload = workload.head(len(arrivals))
     timings, wall = asyncio.run(run_workload(address, workload.prompts, args.max_tokens, args.ignore_eos,
-                                             concurrency, arrivals, label))
+                                             concurrency, arrivals, label, sampling=workload.sampling))
     with Client(address, timeout=600) as client:
         steps = plain(client.step_stats())[skip:]
         info = plain(client.server_info())
@@ -243,8 +243,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help='open loop whose Poisson rate steps, e.g. "2:20,8:20,2:20" (requests/s : seconds); '
                             "as many prompts as arrive; throughput is also reported per phase")
     bench.add_argument("--dataset", default=None,
-                       help=f"ShareGPT .json, Spec-Bench question.jsonl or JSONL, or a shipped set: "
-                            f"{', '.join(DATASETS)} (code and prose prompts alternating, acceptance per kind)")
+                       help=f"ShareGPT .json, Spec-Bench question.jsonl or JSONL (a row may set its own temperature/"
+                            f"top_p/top_k/seed), or a shipped set: {', '.join(DATASETS)} (greedy code completion and "
+                            f"sampled prose, seeded, alternating: two kinds of clients with different acceptance, "
+                            f"reported per kind)")
     bench.add_argument("--data-plane", default="gloo", choices=DATA_PLANES)
     bench.add_argument("--all-cpus", default="0-1", help="cores of ar's verifier, of sd-colocated and of transformers")
     bench.add_argument("--target", default=bundled.TARGET)

@@ -1,6 +1,8 @@
 """Prompt sets: the bundled held-out prompts, a set shipped with the bench (DATASETS), or a
 file in a common public format. JSONL rows may name their kind ("kind": "code"), so a run
-can report acceptance per kind of prompt."""
+can report acceptance per kind of prompt, and their own sampling ("temperature": 1.0,
+"seed": 17; any of SAMPLING_KEYS), so one run can hold clients that ask for different
+things; a row without them is sent with the bench's defaults (greedy)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,36 @@ from pathlib import Path
 from minedraft import bundled
 
 DATA = Path(__file__).resolve().parent / "data"
-# mixed: the bundled held-out code prompts alternating with English prose, outside the domain
-# the bundled pair was trained on (Python source); acceptance is reported per kind, so how
-# far the draft follows the target on each is measured, not assumed.
+# mixed: two kinds of clients in one run, so acceptance differs per request and auto mode can
+# give each its own draft length. Code completion: the bundled held-out code prompts, greedy.
+# Creative writing: English prose, sampled at temperature 1.0 with a seed per row (its 0-based
+# row index), so outputs stay reproducible and, verification being coupled, equal ar's. Greedy
+# prose does not separate from code (the target falls into code-like text, the draft with it);
+# sampled prose does, as a sampled draft is kept only where it is the target's own sample.
 DATASETS = {"mixed": DATA / "mixed.jsonl"}
+# A row's own sampling, sent as SamplingOptions keywords over the bench's; max_tokens and
+# ignore_eos stay the bench's, so every request of a run has the same length.
+SAMPLING_KEYS = {"temperature": (int, float), "top_p": (int, float), "top_k": (int,), "seed": (int,)}
+
+Sampling = dict[str, float]     # SAMPLING_KEYS given by a row -> value
 
 
 @dataclass(frozen=True)
 class Workload:
     prompts: list[str]
     kinds: list[str]        # each prompt's kind, "" where its set names none
+    sampling: list[Sampling | None] | None = None   # each prompt's own sampling; None: the bench's
+
+    def __post_init__(self) -> None:
+        if self.sampling is None:
+            object.__setattr__(self, "sampling", [None] * len(self.prompts))
+        if not len(self.prompts) == len(self.kinds) == len(self.sampling):
+            raise ValueError(f"{len(self.prompts)} prompts but {len(self.kinds)} kinds and "
+                             f"{len(self.sampling)} sampling entries")
+
+    def head(self, count: int) -> Workload:
+        """The first `count` prompts, each with its kind and sampling (an open loop's schedule)."""
+        return Workload(self.prompts[:count], self.kinds[:count], self.sampling[:count])
 
 
 def load_workload(path: str | None, limit: int) -> Workload:
@@ -28,14 +50,15 @@ def load_workload(path: str | None, limit: int) -> Workload:
     (first human turn of each conversation), Spec-Bench-style question.jsonl (first turn) or
     plain JSONL/text lines. A short set is repeated to fill `limit`."""
     if path is None:
-        items = [(prompt, "") for prompt in bundled.load_prompts()]
+        items = [(prompt, "", None) for prompt in bundled.load_prompts()]
     else:
         items = _from_file(DATASETS.get(path, Path(path)))
     if not items:
         raise ValueError(f"no prompts found in {path or 'the bundled set'}")
     while len(items) < limit:
         items = items + items
-    return Workload([prompt for prompt, _ in items[:limit]], [kind for _, kind in items[:limit]])
+    items = items[:limit]
+    return Workload([item[0] for item in items], [item[1] for item in items], [item[2] for item in items])
 
 
 def load_prompts(path: str | None, limit: int) -> list[str]:
@@ -43,21 +66,37 @@ def load_prompts(path: str | None, limit: int) -> list[str]:
     return load_workload(path, limit).prompts
 
 
-def _from_file(path: Path) -> list[tuple[str, str]]:
-    """-> (prompt, kind) pairs."""
+def _from_file(path: Path) -> list[tuple[str, str, Sampling | None]]:
+    """-> (prompt, kind, sampling) triples."""
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
         data = json.loads(text)
-        return [(p, "") for p in (_sharegpt_first_turn(item) for item in data) if p]
+        return [(p, "", None) for p in (_sharegpt_first_turn(item) for item in data) if p]
     items = []
-    for line in filter(str.strip, text.splitlines()):
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             item = json.loads(line)
         except json.JSONDecodeError:
-            items.append((line, ""))
+            items.append((line, "", None))
             continue
-        items.append((_jsonl_prompt(item), item.get("kind", "") if isinstance(item, dict) else ""))
-    return [(p, kind) for p, kind in items if p]
+        if isinstance(item, dict):
+            items.append((_jsonl_prompt(item), item.get("kind", ""), _row_sampling(item, f"{path}:{number}")))
+        else:
+            items.append((_jsonl_prompt(item), "", None))
+    return [(p, kind, sampling) for p, kind, sampling in items if p]
+
+
+def _row_sampling(item: dict, where: str) -> Sampling | None:
+    """The row's SAMPLING_KEYS, None when it gives none. Only the types are checked here (a
+    string from a hand-edited file would fail far from its line); ranges are the server's."""
+    sampling = {key: item[key] for key in SAMPLING_KEYS if key in item}
+    for key, value in sampling.items():
+        if isinstance(value, bool) or not isinstance(value, SAMPLING_KEYS[key]):
+            kind = " or ".join(t.__name__ for t in SAMPLING_KEYS[key])
+            raise ValueError(f"{where}: {key} must be {kind}, got {value!r}")
+    return sampling or None
 
 
 def _sharegpt_first_turn(item: dict) -> str:

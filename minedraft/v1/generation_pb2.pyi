@@ -95,7 +95,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s")
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s")
     DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,10 @@ class CostModel(_message.Message):
     MEDIAN_ERROR_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BORROWED_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BORROWED_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_BORROWED_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     draft_fixed_s: float
     draft_per_forward_s: float
     draft_per_token_s: float
@@ -118,7 +122,11 @@ class CostModel(_message.Message):
     median_error: float
     verify_borrowed_fixed_s: float
     verify_borrowed_per_token_s: float
-    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ...) -> None: ...
+    draft_per_new_token_s: float
+    verify_per_new_token_s: float
+    verify_borrowed_per_new_token_s: float
+    prompt_tokens_per_s: float
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
     __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches")
@@ -176,7 +184,7 @@ class StepStatsRequest(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ...) -> None: ...
 
 class StepRecord(_message.Message):
-    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch", "layout", "draft_lengths", "predicted_busy_s")
+    __slots__ = ("step_id", "kind", "start_s", "wall_s", "draft_busy_s", "verify_busy_s", "data_plane_s", "data_plane_bytes", "draft_batch", "verify_batch", "layout", "draft_lengths", "predicted_busy_s", "borrowed")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     START_S_FIELD_NUMBER: _ClassVar[int]
@@ -190,6 +198,7 @@ class StepRecord(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    BORROWED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     kind: str
     start_s: float
@@ -203,7 +212,8 @@ class StepRecord(_message.Message):
     layout: str
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     predicted_busy_s: float
-    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ..., layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_busy_s: _Optional[float] = ...) -> None: ...
+    borrowed: bool
+    def __init__(self, step_id: _Optional[int] = ..., kind: _Optional[str] = ..., start_s: _Optional[float] = ..., wall_s: _Optional[float] = ..., draft_busy_s: _Optional[float] = ..., verify_busy_s: _Optional[float] = ..., data_plane_s: _Optional[float] = ..., data_plane_bytes: _Optional[int] = ..., draft_batch: _Optional[int] = ..., verify_batch: _Optional[int] = ..., layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_busy_s: _Optional[float] = ..., borrowed: _Optional[bool] = ...) -> None: ...
 
 class StepStats(_message.Message):
     __slots__ = ("steps",)
