@@ -134,7 +134,9 @@ class StepCosts:
         tokens = sum(k + 1 for k in ks)
         if borrowed and self.borrowed_fixed is not None:
             fixed, per_token = self.borrowed_fixed, self.borrowed_per_token
-            per_new_token, per_request = self.borrowed_per_new_token, self.borrowed_per_request
+            per_new_token = self.verify_per_new_token if self.borrowed_per_new_token is None \
+                else self.borrowed_per_new_token
+            per_request = self.verify_per_request if self.borrowed_per_request is None else self.borrowed_per_request
         else:
             fixed, per_token = self.verify_fixed, self.verify_per_token
             per_new_token, per_request = self.verify_per_new_token, self.verify_per_request
@@ -154,6 +156,7 @@ class CostModel:
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
+        self._borrowed_prefills = 0     # steps on lent cores that prefilled: until one, their p_v is the own one
 
     def observe_prompts(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -182,6 +185,7 @@ class CostModel:
         if ks:
             self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
             fit = self._borrowed if borrowed else self._verify
+            self._borrowed_prefills += borrowed and new_tokens > 0
             fit.observe((1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks))), busy_s)
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
@@ -202,6 +206,8 @@ class CostModel:
         borrowed = None, None, None, None
         if self._borrowed.num_observations:
             borrowed = tuple(max(0.0, w) for w in self._borrowed.weights)
+            if not self._borrowed_prefills:         # its prefill weight is still the prior's guess
+                borrowed = (*borrowed[:2], verify_new, borrowed[3])
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,

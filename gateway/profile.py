@@ -47,10 +47,12 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
             while len(requests) < size:
                 requests.append(_request(len(requests), max_tokens))
             batch = requests[:size]
-            # Warm-ups, not fitted: the new requests' prefill, the first forward on lent cores
-            # (it starts their threads).
+            # The new requests' prefill runs on the lent cores, so the model knows what plain
+            # decoding pays for arriving prompts (the own cores' prefill cost is measured by
+            # every real sd and psd step); the first such step starts the lent cores' threads
+            # and is not fitted. Then a warm-up back on the own cores, not fitted either.
+            await _step(calls, drafter, batch, 0, borrow=True, observe=size != sizes[0])
             await _step(calls, drafter, batch, 0, borrow=False, observe=False)
-            await _step(calls, drafter, batch, 0, borrow=True, observe=False)
             for k in ks:
                 for _ in range(REPEATS):
                     await _step(calls, drafter, batch, k, borrow=False)

@@ -206,3 +206,33 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     for _ in range(auto.EXPLORE_STEPS):
         planner.observe_step_time(tried, measured_s=3.0, predicted_s=1.0)
     assert planner.replan(requests, K_MAX).layout != tried
+
+
+def test_prefill_on_lent_cores_is_not_guessed_before_it_was_measured():
+    """Plain decoding's prompt cost on lent cores comes from steps that prefilled there; until
+    one has, it is the own cores' measured cost, never the prior's guess (a guess above the
+    own cores' cost once made every layout but plain decoding look better under load)."""
+    model = CostModel()
+    for n in (1, 4, 16, 32):
+        for new in (0, 100 * n):
+            model.observe_verify([0] * n, 0.008 + 0.0003 * n + 0.0002 * new, new_tokens=new)
+        model.observe_verify([0] * n, 0.007 + 0.0002 * n, borrowed=True)
+    assert model.costs().borrowed_per_new_token == pytest.approx(model.costs().verify_per_new_token)
+    assert model.costs().verify_per_new_token == pytest.approx(0.0002, rel=0.05)
+    for n in (4, 16, 32):
+        model.observe_verify([0] * n, 0.007 + 0.0002 * n + 0.0001 * 50 * n, new_tokens=50 * n, borrowed=True)
+    assert model.costs().borrowed_per_new_token == pytest.approx(0.0001, rel=0.2)
+
+
+def test_arriving_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
+    base = dict(draft_per_forward=2e-3, draft_per_token=1e-4, draft_fixed=1e-3, verify_fixed=10e-3,
+                verify_per_token=3e-4, gateway_per_step=1e-3, borrowed_fixed=8e-3, borrowed_per_token=2e-4,
+                draft_per_new_token=1e-4, verify_per_new_token=3e-4, borrowed_per_new_token=1.5e-4)
+    quiet = StepCosts(**base)
+    busy = StepCosts(**base, prompt_tokens_per_s=2000.0)
+    assert busy.prefill_share("ar") == pytest.approx(0.3)
+    assert busy.prefill_share("sd") == pytest.approx(0.8)
+    assert busy.prefill_share("psd") == pytest.approx(0.6)
+    requests = _requests(32, 0.8)
+    assert choose_plan(busy, requests, K_MAX).considered["ar"] == pytest.approx(
+        choose_plan(quiet, requests, K_MAX).considered["ar"] * 0.7)
