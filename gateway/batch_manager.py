@@ -29,11 +29,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 
 import grpc
-
-import time
 
 from gateway.admission import Admission
 from gateway.auto import AutoPlanner
@@ -44,7 +43,7 @@ from gateway.pool import DrafterHandle, DrafterPool
 from gateway.profile import profile
 from gateway.request import ActiveRequest
 from minedraft.sequence import FinishReason
-from minedraft.v1 import engine_pb2, engine_pb2_grpc
+from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
@@ -170,7 +169,7 @@ class BatchManager:
             req.emit_error(code, message)
             self._forget(req)
 
-    def describe(self):
+    def describe(self) -> tuple[generation_pb2.CostModel, generation_pb2.AutoPlan | None]:
         """(the cost model, the plan in force in auto mode or None) for GetServerInfo."""
         return self.planner.describe(planning=self.auto)
 
