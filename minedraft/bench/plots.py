@@ -28,6 +28,14 @@ def _style(mode: str) -> dict:
     return dict(AUTO_STYLE) if mode == "auto" else {}
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay the figure out, write it as a PNG and free it; -> the path."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
 def _file_name(prefix: str, title: str) -> str:
     return prefix + title.replace("=", "").replace(" ", "_").lower() + ".png"
 
@@ -52,10 +60,7 @@ def plot_vs_k(rows: list[dict], out: Path) -> list[Path]:
         ax_tps.set(xlabel="draft length k", ylabel="output tokens/s", title=f"throughput, C={concurrency}")
         ax_p99.set(xlabel="draft length k", ylabel="p99 latency (s)", title=f"p99 latency, C={concurrency}")
         ax_tps.legend()
-        fig.tight_layout()
-        path = out / f"vs_k_c{concurrency}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = _save(fig, out / f"vs_k_c{concurrency}.png")
         written.append(path)
     return written
 
@@ -80,10 +85,7 @@ def plot_vs_concurrency(rows: list[dict], out: Path) -> Path:
         ax.set_xticks(concurrencies, labels=[str(c) for c in concurrencies])
     ax.set(xlabel="concurrency", ylabel="output tokens/s", title="throughput at equal concurrency")
     ax.legend()
-    fig.tight_layout()
-    path = out / "vs_concurrency.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = _save(fig, out / "vs_concurrency.png")
     return path
 
 
@@ -122,10 +124,7 @@ def plot_auto(steps: list[dict], title: str, out: Path, phases: list[Phase] | No
     if phases:
         _draw_rate(axes[2], phases)
     axes[-1].set(xlabel="s since the run's start")
-    fig.tight_layout()
-    path = out / _file_name("", title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = _save(fig, out / _file_name("", title))
     return path
 
 
@@ -146,10 +145,7 @@ def plot_rate_steps(rows: list[dict], phases: list[Phase], out: Path) -> list[Pa
         ax_tps.legend()
         _draw_rate(ax_rate, phases)
         ax_rate.set(xlabel="s since the run's start")
-        fig.tight_layout()
-        path = out / f"rate_steps_c{concurrency}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        path = _save(fig, out / f"rate_steps_c{concurrency}.png")
         written.append(path)
     return written
 
@@ -182,8 +178,5 @@ def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12)
     ax.set_yticks([0.5, 1.5], labels=["drafter", "verifier"])
     ax.set_xlim(left=0)
     ax.set(xlabel="ms", title=title)
-    fig.tight_layout()
-    path = out / _file_name("timeline_", title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    path = _save(fig, out / _file_name("timeline_", title))
     return path
