@@ -37,6 +37,9 @@ SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster th
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
 EXPLORE_STEPS = 6           # ... until this many of its steps are timed
 EXPLORE_MAX_S = 1.0         # ... or for this long at most
+RECHECK_AFTER_S = 10.0      # a layout predicted at least RECHECK_WITHIN of the best but not timed
+RECHECK_WITHIN = 0.5        # for this long is tried too: a model wrong about a layout it never runs
+                            # would otherwise never learn better (a few steps every 10 s: ~1%)
 
 
 class AutoPlanner:
@@ -58,6 +61,7 @@ class AutoPlanner:
         self._exploring: tuple[str, float] | None = None       # (layout, since)
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
         self.explorations = 0
+        self._started = time.monotonic()
 
     # ---- measuring -------------------------------------------------------------------------
     def observe_step_time(self, layout: str, measured_s: float, predicted_s: float) -> None:
@@ -121,17 +125,24 @@ class AutoPlanner:
         now = time.monotonic()
         if self._exploring is not None:
             layout, since = self._exploring
-            if layout in best.considered and len(self._recent(layout)) < EXPLORE_STEPS \
-                    and now - since < EXPLORE_MAX_S:
+            timed = sum(1 for when, _ in self._slowdown[layout] if when >= since)
+            if layout in best.considered and timed < EXPLORE_STEPS and now - since < EXPLORE_MAX_S:
                 return layout
             self._exploring = None
         for layout, rate in best.considered.items():
-            if layout != best.layout and rate >= EXPLORE_WITHIN * best.tokens_per_s \
-                    and len(self._recent(layout)) < EXPLORE_STEPS:
+            if layout == best.layout:
+                continue
+            close = rate >= EXPLORE_WITHIN * best.tokens_per_s and len(self._recent(layout)) < EXPLORE_STEPS
+            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_timed(layout) > RECHECK_AFTER_S
+            if close or stale:
                 self._exploring = (layout, now)
                 self.explorations += 1
                 return layout
         return None
+
+    def _last_timed(self, layout: str) -> float:
+        timed = self._slowdown[layout]
+        return timed[-1][0] if timed else self._started
 
     def _layout_to_keep(self, best: Plan) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise). A

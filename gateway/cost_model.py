@@ -13,6 +13,13 @@ Prompt and catch-up tokens (requests new to a service, or back to drafting after
 their own feature: a long chunk costs less per token than decoding, and folding both into one
 slope skews the steady-state prediction the planner needs (which has none of them).
 
+On the cores the idle drafter lends it (plain decoding in auto mode) the verifier runs the same
+forwards with more threads: its time there is the own-core prediction times one measured ratio,
+the median over recent lent-core calls. One robust number needs few calls; a fit of its own
+had few points, collinear features (k = 0: tokens = requests) and took a slow first call
+after a switch as a cost of every prompt token, which once made plain decoding look 2.5x
+dearer than it was.
+
 plus the gateway's own share per step (transport and bookkeeping), measured as wall time minus
 busy time. No constant is assumed about the hardware: a GPU's flat V (memory-bound) and a CPU's
 steep one (compute-bound) come out of the same fit.
@@ -25,6 +32,8 @@ from collections import deque
 from dataclasses import dataclass
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
+LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
+                            # decoding renews most of them)
 
 
 class LinearFit:
@@ -97,7 +106,8 @@ class StepCosts:
     verify_fixed: float             # a_v
     verify_per_token: float         # b_v
     gateway_per_step: float         # transport and bookkeeping around each call
-    # Plain decoding on the cores lent by the idle drafter (None: nothing is lent).
+    # Plain decoding on the cores lent by the idle drafter (None: nothing is lent yet); the
+    # own-core coefficients times the measured ratio (see CostModel).
     borrowed_fixed: float | None = None
     borrowed_per_token: float | None = None
     draft_per_new_token: float = 0.0    # p_t: catch-up tokens
@@ -152,11 +162,10 @@ class CostModel:
         self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed,
                                  prior.draft_per_token))
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
-        self._borrowed = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
+        self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
-        self._borrowed_prefills = 0     # steps on lent cores that prefilled: until one, their p_v is the own one
 
     def observe_prompts(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -174,7 +183,7 @@ class CostModel:
 
     @property
     def verify_calls(self) -> int:
-        return self._verify.num_observations + self._borrowed.num_observations
+        return self._verify.num_observations + len(self._lent)
 
     def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0) -> None:
         if ks and max(ks) > 0:
@@ -184,9 +193,11 @@ class CostModel:
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
         if ks:
             self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
-            fit = self._borrowed if borrowed else self._verify
-            self._borrowed_prefills += borrowed and new_tokens > 0
-            fit.observe((1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks))), busy_s)
+            features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
+            if borrowed:
+                self._lent.append((features, busy_s))
+            else:
+                self._verify.observe(features, busy_s)
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -200,14 +211,19 @@ class CostModel:
         """How far the model's predictions of recent calls were from what they took."""
         return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
 
+    def _lent_ratio(self) -> float | None:
+        """Median of lent-core busy time over the own cores' prediction for the same call
+        (against today's own-core fit, so an old ratio never rests on an old prediction)."""
+        ratios = sorted(busy / own for features, busy in self._lent if (own := self._verify.predict(features)) > 0)
+        return ratios[len(ratios) // 2] if ratios else None
+
     def costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed = None, None, None, None
-        if self._borrowed.num_observations:
-            borrowed = tuple(max(0.0, w) for w in self._borrowed.weights)
-            if not self._borrowed_prefills:         # its prefill weight is still the prior's guess
-                borrowed = (*borrowed[:2], verify_new, borrowed[3])
+        ratio = self._lent_ratio()
+        if ratio is not None:
+            borrowed = tuple(ratio * w for w in (verify_fixed, verify_per_token, verify_new, verify_request))
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
