@@ -19,10 +19,10 @@ from drafter_svc.membership import Pairing, PoolAdmin, keep_paired
 from drafter_svc.servicer import DrafterServicer
 from minedraft import bundled
 from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
-from minedraft.service.flags import add_runner_args, runner_config
+from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host
 from minedraft.service.placement import place_process, resolve_device
-from minedraft.service.runtime import run
+from minedraft.service.runtime import add_log_format_arg, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
                                         add_server_args)
 from minedraft.service.server import MESSAGE_SIZE_OPTIONS, start_server, wait_healthy
@@ -31,22 +31,31 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc
 logger = logging.getLogger("minedraft.drafter")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="drafter_svc", description="MineDraft drafter (draft model)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = service_parser("drafter_svc", "MineDraft drafter: serves the draft model's steps and sends its "
+                                           "drafts to the verifier over the data plane")
     add_runner_args(parser, default_model=bundled.DRAFT)
-    parser.add_argument("--port", type=int, default=DRAFTER_PORT)
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier's gRPC address")
+    add_log_format_arg(parser)
+    parser.add_argument("--port", type=int, default=DRAFTER_PORT, help="gRPC port to serve on (0: any free port)")
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, help="the verifier's gRPC HOST:PORT")
     parser.add_argument("--register-with", default="",
                         help="a gateway's admin HOST:PORT (its --admin-port): join its drafter pool once "
-                             "serving, rejoin whenever dropped, leave it on stop")
+                             "serving, rejoin whenever dropped, leave it on stop (default: none)")
     parser.add_argument("--advertise-host", default="",
                         help="host name the gateway reaches this drafter at (default: --host, or this "
                              "machine's address when binding all interfaces; 'auto' = this machine's address)")
     parser.add_argument("--gpu-lock-dir", default="/tmp/minedraft-gpu-locks",
                         help="with --device cuda:auto, where replicas on one host claim their GPU")
-    parser.add_argument("--connect-timeout", type=float, default=300.0)
+    parser.add_argument("--connect-timeout", type=float, default=300.0,
+                        help="seconds to wait at start-up for the verifier to serve (the gateway of "
+                             "--register-with is waited for as long as it takes)")
     add_server_args(parser, public=False)
     add_dial_args(parser, internal=True)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.serving = ServerSecurity.from_args(args, internal=True)
@@ -107,8 +116,7 @@ async def serve(args: argparse.Namespace) -> None:
     tasks = [asyncio.ensure_future(keep_paired(pairing, servicer))]
     admin = PoolAdmin(args.register_with, args.dial) if args.register_with else None
     if admin is not None:
-        await wait_healthy(args.register_with, args.connect_timeout, args.dial)
-        await admin.register(address)
+        await admin.register(address)         # waits for the gateway, however long it takes to come
         tasks.append(asyncio.ensure_future(admin.keep_registered(
             address, lambda: pairing.current(servicer), lambda: servicer.dismissed)))
     try:
@@ -133,7 +141,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    run(lambda: serve(args), args.log_level)
+    resolve_model(args, "drafter_svc")
+    run(lambda: serve(args), args.log_level, args.log_format)
 
 
 if __name__ == "__main__":

@@ -5,29 +5,41 @@ place in the gateway's drafter pool.
   drafter joins and sends drafts there. When the verifier restarts (a new instance id) or a
   send fails (the verifier dropped the pairing after drafts came too late), the drafter
   pairs again, with its key. Its requests stay: the gateway frees those it gave up on.
-- Pool: with --register-with the drafter registers at the gateway's admin API, retrying with
-  backoff, and checks every few seconds that it is still listed: a gateway that dropped it
-  (a missed deadline, a SIGSTOP) or restarted gets it back without anyone's help. On stop it
-  deregisters and leaves its pairing.
+- Pool: with --register-with the drafter registers at the gateway's admin API, waiting for
+  the gateway to come up and retrying with backoff while it cannot take the drafter yet (but
+  not a refusal that retrying cannot change: a wrong token, an ar-mode gateway, a draft model
+  that does not fit the target), and checks every few seconds that it is still listed: a
+  gateway that dropped it (a missed deadline, a SIGSTOP) or restarted gets it back without
+  anyone's help. On stop it deregisters and leaves its pairing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from drafter_svc.servicer import DrafterServicer
 from minedraft.data_plane import DraftSender
+from minedraft.service.backoff import RECONNECT_OPTIONS, Backoff
 from minedraft.service.security import DialSecurity
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
 CALL_TIMEOUT_S = 10.0
 CHECK_INTERVAL_S = 2.0
+REGISTER_BACKOFF = Backoff(initial_s=0.2, max_s=10.0)
+# What the pool answers when asking again cannot help; anything else (UNAVAILABLE: the gateway
+# is away or cannot reach this drafter yet; DEADLINE_EXCEEDED; ...) is retried.
+REFUSALS = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION,
+                      grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                      grpc.StatusCode.UNIMPLEMENTED})
+
+
+class PoolRefused(RuntimeError):
+    """The gateway's pool will not take this drafter however often it asks."""
 
 
 class Pairing:
@@ -91,24 +103,29 @@ async def keep_paired(pairing: Pairing, servicer: DrafterServicer) -> None:
 class PoolAdmin:
     """This drafter's membership of one gateway's pool, through its admin API."""
 
-    def __init__(self, admin: str, dial: DialSecurity) -> None:
+    def __init__(self, admin: str, dial: DialSecurity, backoff: Backoff = REGISTER_BACKOFF) -> None:
         self.admin = admin
-        self.channel = dial.aio_channel(admin)
+        self.channel = dial.aio_channel(admin, options=RECONNECT_OPTIONS)
         self.stub = generation_pb2_grpc.DrafterPoolStub(self.channel)
+        self.backoff = backoff
 
     async def register(self, address: str) -> None:
-        """Join the pool, retrying with exponential backoff until it works."""
-        delay = 0.2
-        while True:
+        """Join the pool. Each attempt waits for the gateway to be reachable (wait_for_ready),
+        so one that is still starting is joined as soon as it serves; a failed attempt is
+        retried after a backoff, a refusal (REFUSALS) raises PoolRefused."""
+        for delay in self.backoff.delays():
             try:
-                await self.stub.Register(generation_pb2.DrafterEndpoint(address=address), timeout=CALL_TIMEOUT_S)
+                await self.stub.Register(generation_pb2.DrafterEndpoint(address=address), timeout=CALL_TIMEOUT_S,
+                                         wait_for_ready=True)
                 logger.info("joined the drafter pool at %s", self.admin)
                 return
             except grpc.aio.AioRpcError as err:
+                if err.code() in REFUSALS:
+                    raise PoolRefused(f"the drafter pool at {self.admin} refused {address}: "
+                                      f"{err.code().name}: {err.details()}") from None
                 logger.warning("could not join the drafter pool at %s (%s: %s); retrying in %.1f s",
                                self.admin, err.code().name, err.details(), delay)
-            await asyncio.sleep(delay * (1 + random.random() / 4))
-            delay = min(delay * 2, 10.0)
+            await asyncio.sleep(delay)
 
     async def keep_registered(self, address: str, paired: Callable[[], Awaitable[bool]],
                               dismissed: Callable[[], bool]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from gateway.metrics import METRICS
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
 
@@ -51,7 +52,13 @@ class Admission:
             # else no drafter could ever hold it: it runs at k = 0 rather than block the queue
         self.waiting.popleft()
         self._reserved[req.request_id] = need
+        METRICS.request_admitted(req)
         return req
+
+    @property
+    def reserved_blocks(self) -> int:
+        """The verifier's KV blocks reserved now (the metrics' KV usage)."""
+        return sum(self._reserved.values())
 
     def choose_drafter(self, need_blocks: int) -> DrafterHandle | None:
         """The least-loaded drafter of the pool with room for `need_blocks` more KV blocks."""

@@ -39,9 +39,11 @@ from gateway.auto import AutoPlanner
 from gateway.batch import Batch, BatchManagerConfig, DraftedItem, Overloaded
 from gateway.engine_calls import Deadlines, EngineCalls, call_status
 from gateway.failures import drafter_gone, verify_failure
+from gateway.metrics import METRICS
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.profile import profile
 from gateway.request import ActiveRequest
+from minedraft.metrics import AcceptanceStats
 from minedraft.sequence import FinishReason
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
@@ -66,6 +68,7 @@ class BatchManager:
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
+        METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
 
     @property
     def step_records(self) -> deque:
@@ -336,12 +339,14 @@ class BatchManager:
             batch.verify_predicted_s = predicted
             self._time_step(batch, layout)
         results = {r.request_id: r for r in response.results}
+        accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:
             req, result = item.request, results.get(item.request.request_id)
             if result is not None:
-                self._apply(req, result.num_draft, list(result.token_ids))
+                self._apply(req, result.num_draft, list(result.token_ids), accepted)
             elif req.cancelled and not req.done:    # cancelled since it was drafted
                 self._retire(req, FinishReason.ABORT)
+        METRICS.step_accepted(accepted)
 
     def _step_layout(self) -> str:
         """The layout a step runs in: psd with one batch empty is sequential SD."""
@@ -370,7 +375,7 @@ class BatchManager:
             predicted = max(draft, other.verify_predicted_s) + max(other.draft_predicted_s, verify) + g
         self.planner.observe_step_time(layout, now - previous, predicted)
 
-    def _apply(self, req: ActiveRequest, k: int, tokens: list[int]) -> None:
+    def _apply(self, req: ActiveRequest, k: int, tokens: list[int], step: AcceptanceStats) -> None:
         if req.cancelled and not req.done:
             self._retire(req, FinishReason.ABORT)
             return
@@ -378,6 +383,7 @@ class BatchManager:
             return
         if k:
             self.planner.acceptance.record(req.seq.stats, k, len(tokens) - 1)
+            step.record(k, len(tokens) - 1)
         kept = req.seq.append(tokens)
         if req.drafter is not None:
             req.pending_diff.extend(tokens)

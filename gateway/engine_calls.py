@@ -17,6 +17,7 @@ import grpc
 
 from gateway.batch import DraftedItem
 from gateway.cost_model import CostModel
+from gateway.metrics import METRICS, PROFILE_LAYOUT
 from gateway.pool import DrafterHandle
 from gateway.request import ActiveRequest
 from minedraft.protocol import new_request_proto
@@ -104,6 +105,7 @@ class EngineCalls:
                                        + fields.get("data_plane_s", 0.0))
         self.step_records.append(generation_pb2.StepRecord(
             step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=wall_s, **fields))
+        METRICS.call_recorded({"kind": kind, "start_s": start - self._t0, "wall_s": wall_s, **fields})
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                      after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False, observe: bool = True
@@ -183,6 +185,9 @@ class EngineCalls:
                                        return_exceptions=True)
         answered = [r for r in results if not isinstance(r, BaseException)]
         predicted = max((p for _, p in answered), default=0.0)
+        for drafter, result in zip(drafters, results):
+            if layout != PROFILE_LAYOUT and not isinstance(result, BaseException):
+                drafter.compute_s += result[0].busy_s
         if answered:
             self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r, _ in answered),
                         draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _ in answered),

@@ -11,14 +11,22 @@ import argparse
 import dataclasses
 import logging
 
+import grpc
+
 from gateway.admin import DrafterPoolServicer
 from gateway.batch_manager import BatchManager, BatchManagerConfig
+from gateway.frontend import Frontend
+from gateway.http.server import serve_openai
 from gateway.liveness import VerifierWatch, supervise
+from gateway.metrics import serve_metrics
 from gateway.pool import DrafterPool, PoolError
+from gateway.reflection import add_reflection
 from gateway.servicer import GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
+from minedraft.model.hub import resolve_tokenizer
 from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
-from minedraft.service.runtime import run
+from minedraft.help_format import ArgumentParser
+from minedraft.service.runtime import add_log_format_arg, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args, add_server_args,
                                         check_bind)
 from minedraft.service.server import start_server, wait_healthy
@@ -28,16 +36,23 @@ logger = logging.getLogger("minedraft.gateway")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="gateway", description="MineDraft gateway (public API, Batch Manager)")
+    parser = ArgumentParser(prog="gateway", description="MineDraft gateway (public API, Batch Manager)")
     parser.add_argument("--host", default="127.0.0.1", help="public API bind address")
     parser.add_argument("--port", type=int, default=GATEWAY_PORT, help="public gRPC port")
     parser.add_argument("--port-file", default="", help="write the bound ports here once serving (with --port 0): "
-                        "the public one in this file, the admin one in FILE.admin")
+                        "the public one in this file, the admin one in FILE.admin, the HTTP one in FILE.http")
+    parser.add_argument("--http-port", type=int, default=0,
+                        help="serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+                             "/v1/models, /health, /metrics) on this port of --host, with the public API's "
+                             "TLS and API keys (0: off); see docs/http.md")
+    parser.add_argument("--served-model-name", default="",
+                        help="the model's name on the HTTP API (default: the name of the verifier's model "
+                             "directory)")
     parser.add_argument("--admin-host", default="127.0.0.1",
                         help="bind address of the drafter-pool admin API (register, deregister, list); "
                              "keep it on loopback or a private network")
     parser.add_argument("--admin-port", type=int, default=ADMIN_PORT, help="drafter-pool admin gRPC port")
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER, metavar="HOST:PORT", help="the verifier's address")
     parser.add_argument("--drafter", action="append", default=[], metavar="HOST:PORT",
                         help="a drafter's address; repeat for a pool (unused in ar mode). Drafters may "
                              "also join later through the admin API")
@@ -56,10 +71,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "grows to 10x the slowest recent call")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="on SIGTERM, how long requests in flight may take to finish")
-    parser.add_argument("--tokenizer", default="", help="model directory with tokenizer.json "
-                        "(default: the verifier's model directory)")
-    parser.add_argument("--connect-timeout", type=float, default=300.0)
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--tokenizer", default="", help="model directory with tokenizer.json, or a Hugging Face "
+                        "model id (default: the verifier's model, as it names it)")
+    parser.add_argument("--tokenizer-revision", default="",
+                        help="branch, tag or commit of a Hugging Face tokenizer (the verifier's --revision)")
+    parser.add_argument("--connect-timeout", type=float, default=300.0,
+                        help="seconds to wait for the verifier (and each --drafter) to serve at start-up")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    add_log_format_arg(parser)
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="serve Prometheus metrics at GET /metrics on this port of --host (0: off; "
+                             "the HTTP front end serves them too); see docs/metrics.md")
     add_server_args(parser, public=True)
     add_dial_args(parser, internal=True)
     args = parser.parse_args(argv)
@@ -98,14 +120,24 @@ async def serve(args: argparse.Namespace) -> None:
         if not args.drafter:
             logger.info("no drafter yet: steps run at k = 0 until one registers")
     manager = BatchManager(config, verifier, pool)
-    tokenizer = TextTokenizer(args.tokenizer or target_info.model)
+    try:
+        tokenizer_dir = str(resolve_tokenizer(args.tokenizer or target_info.model, args.tokenizer_revision or None))
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"gateway: the tokenizer: {err}") from None
+    tokenizer = TextTokenizer(tokenizer_dir)
     info = server_info(args.mode, config.k, args.max_batch, target_info.model, target_info.synthetic_acceptance)
     if target_info.synthetic_acceptance:
         logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance %.2f): "
                        "outputs are not the target model's", target_info.synthetic_acceptance)
-    servicer = GenerationServicer(manager, tokenizer, target_info.vocab_size,
-                                  tuple(target_info.eos_token_ids), target_info.max_model_len, info)
-    served = await start_server(lambda s: generation_pb2_grpc.add_GenerationServicer_to_server(servicer, s),
+    frontend = Frontend(manager, tokenizer, target_info.vocab_size, tuple(target_info.eos_token_ids),
+                        target_info.max_model_len, config.k)
+    servicer = GenerationServicer(frontend, info)
+
+    def add_public_services(server: grpc.aio.Server) -> None:
+        generation_pb2_grpc.add_GenerationServicer_to_server(servicer, server)
+        add_reflection(server)
+
+    served = await start_server(add_public_services,
                                 args.host, args.port, ["minedraft.v1.Generation"], args.port_file,
                                 credentials=args.public.credentials(), interceptors=args.public.interceptors(),
                                 max_receive_bytes=MAX_REQUEST_BYTES)
@@ -119,10 +151,23 @@ async def serve(args: argparse.Namespace) -> None:
         credentials=admin_security.credentials(), interceptors=admin_security.interceptors())
     logger.info("gateway serving on %s:%d, pool admin on %s:%d (mode %s, k %d, m %d)", args.host, served.port,
                 args.admin_host, admin.port, args.mode, config.k, args.max_batch)
+    metrics = await serve_metrics(args.host, args.metrics_port) if args.metrics_port else None
+    if metrics is not None:
+        logger.info("metrics on http://%s:%d/metrics", args.host, metrics.port)
+    http = None
+    if args.http_port:
+        http = await serve_openai(frontend, target_info.model, tokenizer_dir,
+                                  args.served_model_name, args.host, args.http_port, args.public,
+                                  f"{args.port_file}.http" if args.port_file else "")
+        logger.info("OpenAI-compatible HTTP API on %s/v1", http.url)
     watch = VerifierWatch(manager, verifier_channel, served, target_info.instance_id)
     try:
         await supervise(manager, served, watch, args.drain_timeout)
     finally:
+        if http is not None:
+            await http.close()
+        if metrics is not None:
+            await metrics.close()
         await admin.server.stop(grace=1.0)
         await served.server.stop(grace=1.0)
         await verifier_channel.close()
@@ -130,7 +175,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    run(lambda: serve(args), args.log_level)
+    run(lambda: serve(args), args.log_level, args.log_format)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ class DrafterHandle:
     # Its first call tells it to forget every request: one that rejoins after being dropped
     # (a missed deadline) may still hold requests the gateway has moved elsewhere.
     needs_reset: bool = True
+    compute_s: float = 0.0          # its own compute seconds in draft calls (a metric; the profile's not counted)
 
     def status(self) -> generation_pb2.DrafterStatus:
         return generation_pb2.DrafterStatus(address=self.address, drafter_id=self.drafter_id,

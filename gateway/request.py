@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from gateway.metrics import METRICS
 from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from minedraft.sequence import FinishReason, Sequence
 
 if TYPE_CHECKING:
     from gateway.pool import DrafterHandle
+
+logger = logging.getLogger("minedraft.gateway")
 
 
 @dataclass
@@ -35,6 +40,10 @@ class ActiveRequest:
     done: bool = False                                       # final event sent
     client_id: str = ""                                      # the id the client knows it by
     max_draft: int | None = None                             # draft tokens a step at most; None = auto, 0 = off
+    # For latency metrics and the finished-request log line (time.monotonic()).
+    arrival_s: float = field(default_factory=time.monotonic)  # built: checked and tokenised
+    first_token_s: float | None = None
+    last_token_s: float = 0.0
 
     @property
     def request_id(self) -> str:
@@ -55,6 +64,8 @@ class ActiveRequest:
         text, stopped = self.stop_matcher.feed(self.detokenizer.add(text_ids))
         if stopped:
             self.seq.finish(FinishReason.STOP)
+        if tokens:
+            METRICS.tokens_emitted(self, len(tokens))
         if tokens or text:
             self.events.put_nowait(StreamEvent(tokens, text))
 
@@ -69,9 +80,29 @@ class ActiveRequest:
                 tail += self.stop_matcher.flush()
         self.events.put_nowait(StreamEvent([], tail, finish_reason=self.seq.finish_reason.value))
         self.done = True
+        METRICS.request_finished(self)
+        self._log_end(self.seq.finish_reason.value)
 
     def emit_error(self, code: object, message: str) -> None:
         if not self.done:
             self.seq.finish(FinishReason.ABORT)
             self.events.put_nowait(StreamEvent([], "", error=(code, message)))
             self.done = True
+            code_name = getattr(code, "name", str(code))
+            METRICS.request_failed(code_name)
+            self._log_end(f"error {code_name}")
+
+    def _log_end(self, how: str) -> None:
+        """One line per request, its figures also as fields for --log-format json."""
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        stats, now = self.seq.stats, time.monotonic()
+        fields = {"request_id": self.request_id, "prompt_tokens": len(self.seq.prompt_token_ids),
+                  "generated_tokens": len(self.seq.output_token_ids), "finish_reason": how,
+                  "mean_acceptance_length": round(stats.mean_acceptance_length if stats.num_steps else 1.0, 3),
+                  "acceptance_rate": round(stats.acceptance_rate, 3),
+                  "ttft_s": None if self.first_token_s is None else round(self.first_token_s - self.arrival_s, 4),
+                  "total_s": round(now - self.arrival_s, 4)}
+        logger.info("request %(request_id)s %(finish_reason)s: %(prompt_tokens)d prompt + %(generated_tokens)d "
+                    "generated tokens, acceptance length %(mean_acceptance_length).2f (rate %(acceptance_rate).2f), "
+                    "TTFT %(ttft_s)s s, total %(total_s).3f s", fields, extra=fields)

@@ -1,7 +1,7 @@
 """Checks of a generation request that need the model's or the server's facts (vocabulary,
 context, k); the sampling fields themselves are checked by SamplingParams. Each raises
-ValueError with a message that starts with the field's name: the servicer answers
-INVALID_ARGUMENT with it."""
+ValueError with a message that starts with the field's name (as the gRPC API spells it): the
+front end (gateway/frontend.py) refuses the request with it, naming the field."""
 
 from __future__ import annotations
 
@@ -48,12 +48,14 @@ def clamp_max_tokens(params: SamplingParams, prompt_len: int, max_model_len: int
     return params if params.max_tokens <= room else dataclasses.replace(params, max_tokens=room)
 
 
-def max_draft_from_proto(options: generation_pb2.SamplingOptions, k: int) -> int | None:
+def max_draft_from_proto(options: generation_pb2.SamplingOptions) -> int | None:
     """The request's cap on draft tokens a step (None = the server decides). It is the
     gateway's alone, so it stays out of SamplingParams, which goes on to the engines."""
-    if not options.HasField("max_draft"):
-        return None
-    if options.max_draft > k:
-        raise ValueError(f"sampling.max_draft: {options.max_draft} is more than this server's longest draft "
-                         f"(k = {k})")
-    return options.max_draft
+    return options.max_draft if options.HasField("max_draft") else None
+
+
+def check_max_draft(max_draft: int | None, k: int) -> None:
+    if max_draft is not None and max_draft < 0:
+        raise ValueError(f"sampling.max_draft: {max_draft} is negative (0 = no drafts)")
+    if max_draft is not None and max_draft > k:
+        raise ValueError(f"sampling.max_draft: {max_draft} is more than this server's longest draft (k = {k})")

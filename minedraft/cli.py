@@ -6,7 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from minedraft import __version__
 from minedraft.constants import DATA_PLANES, DEFAULT_ADMIN, DEFAULT_GATEWAY, DTYPES, MODES
+from minedraft.help_format import ArgumentParser
+from minedraft.service.runtime import LOG_FORMATS
 from minedraft.service.security import DialSecurity, SecurityError, add_dial_args
 
 if TYPE_CHECKING:
@@ -18,11 +21,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     config = ServeConfig(
         mode=args.mode, k=args.k, max_batch=args.max_batch, port=args.port, host=args.host,
-        target=args.target, draft=args.draft, dtype=args.dtype, target_device=args.target_device,
+        target=args.target, draft=args.draft, target_revision=args.target_revision,
+        draft_revision=args.draft_revision, dtype=args.dtype, target_device=args.target_device,
         draft_device=args.draft_device, target_threads=args.target_threads,
         draft_threads=args.draft_threads, target_cpus=args.target_cpus, draft_cpus=args.draft_cpus,
         data_plane=args.data_plane, num_blocks=args.num_blocks, log_level=args.log_level,
-        tp=args.tp, drafters=args.drafters, admin_port=args.admin_port, insecure=args.insecure)
+        tp=args.tp, drafters=args.drafters, admin_port=args.admin_port, insecure=args.insecure,
+        http_port=args.http_port,
+        metrics_port=args.metrics_port, log_format=args.log_format)
     return serve_forever(config)
 
 
@@ -155,9 +161,10 @@ def _add_drafters_parser(sub: argparse._SubParsersAction) -> None:
     drafters.set_defaults(func=_drafters)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="minedraft", description="LLM serving with batch-parallel speculative decoding")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="minedraft", description="LLM serving with batch-parallel speculative decoding")
+    parser.add_argument("--version", action="version", version=f"minedraft {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)    # each subcommand's help shows defaults too
     from minedraft import demo as demo_cmd
     from minedraft.bench import main as bench_cmd
     from minedraft.launcher import ServeConfig
@@ -173,38 +180,56 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-batch", type=int, default=defaults.max_batch,
                        help="requests running at once (auto; split over two batches when they overlap); "
                             "requests per batch in the fixed modes")
-    serve.add_argument("--port", type=int, default=defaults.port, help="public gRPC port")
+    serve.add_argument("--port", type=int, default=defaults.port, help="public gRPC port (0: any free port)")
+    serve.add_argument("--http-port", type=int, default=defaults.http_port,
+                       help="the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, "
+                            "/health, /metrics) on --host (0: off); see docs/http.md")
     serve.add_argument("--host", default="127.0.0.1", help="bind address of every service's API")
     serve.add_argument("--admin-port", type=int, default=defaults.admin_port,
                        help="the drafter-pool admin API's port, on 127.0.0.1 only")
     serve.add_argument("--insecure", action="store_true",
                        help="serve a non-loopback --host with neither TLS nor API keys "
                             "(set MINEDRAFT_API_KEYS to require keys instead)")
-    serve.add_argument("--target", default=defaults.target, help="target model directory")
-    serve.add_argument("--draft", default=defaults.draft, help="draft model directory")
-    serve.add_argument("--dtype", default=defaults.dtype, choices=DTYPES)
-    serve.add_argument("--target-device", default="cpu")
-    serve.add_argument("--draft-device", default="cpu")
-    serve.add_argument("--target-threads", type=int, default=1)
-    serve.add_argument("--draft-threads", type=int, default=1)
-    serve.add_argument("--target-cpus", default=defaults.target_cpus, help="cores for the verifier")
-    serve.add_argument("--draft-cpus", default=defaults.draft_cpus, help="cores for the drafter")
-    serve.add_argument("--data-plane", default=defaults.data_plane, choices=DATA_PLANES)
-    serve.add_argument("--tp", type=int, default=1, help="verifier tensor-parallel ranks")
-    serve.add_argument("--drafters", type=int, default=1, help="drafters in the pool")
-    serve.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
-    serve.add_argument("--log-level", default="WARNING")
+    serve.add_argument("--target", default=defaults.target, help="target model: a directory or a Hugging Face id")
+    serve.add_argument("--draft", default=defaults.draft, help="draft model: a directory or a Hugging Face id")
+    serve.add_argument("--target-revision", default="", help="branch, tag or commit of a Hugging Face --target")
+    serve.add_argument("--draft-revision", default="", help="branch, tag or commit of a Hugging Face --draft")
+    serve.add_argument("--dtype", default=defaults.dtype, choices=DTYPES, help="weights and activations of both models")
+    serve.add_argument("--target-device", default=defaults.target_device, help="the verifier's device: cpu, cuda or "
+                       "cuda:N (with --tp N > 1, cuda puts rank r on GPU r)")
+    serve.add_argument("--draft-device", default=defaults.draft_device,
+                       help="the drafters' device: cpu, cuda or cuda:N")
+    serve.add_argument("--target-threads", type=int, default=defaults.target_threads,
+                       help="torch CPU threads of the verifier")
+    serve.add_argument("--draft-threads", type=int, default=defaults.draft_threads,
+                       help="torch CPU threads of each drafter")
+    serve.add_argument("--target-cpus", default=defaults.target_cpus,
+                       help="cores the verifier is pinned to, e.g. '0' or '2-3' ('': not pinned)")
+    serve.add_argument("--draft-cpus", default=defaults.draft_cpus,
+                       help="cores the drafters are pinned to ('': not pinned)")
+    serve.add_argument("--data-plane", default=defaults.data_plane, choices=DATA_PLANES,
+                       help="how drafts travel drafter -> verifier: a torch.distributed pair group (gloo on CPU, "
+                            "nccl on GPU) or in-band gRPC")
+    serve.add_argument("--tp", type=int, default=defaults.tp, help="verifier tensor-parallel ranks")
+    serve.add_argument("--drafters", type=int, default=defaults.drafters, help="drafters in the pool (ar mode: none)")
+    serve.add_argument("--num-blocks", type=int, default=defaults.num_blocks, help="KV cache blocks per service")
+    serve.add_argument("--log-level", default=defaults.log_level, help="the services' log level: DEBUG, INFO, "
+                       "WARNING or ERROR")
+    serve.add_argument("--log-format", default=defaults.log_format, choices=LOG_FORMATS,
+                       help="text: readable lines; json: one JSON object a line, for log collectors")
+    serve.add_argument("--metrics-port", type=int, default=defaults.metrics_port,
+                       help="serve the gateway's Prometheus metrics at GET /metrics on this port (0: off)")
     serve.set_defaults(func=_serve)
     gen = sub.add_parser("generate", help="send one prompt to a running gateway")
-    gen.add_argument("prompt")
+    gen.add_argument("prompt", help="the text to continue")
     gen.add_argument("--server", default=DEFAULT_GATEWAY, help="gateway address, HOST:PORT")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling (1: off)")
+    gen.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens (0: off)")
+    gen.add_argument("--seed", type=int, default=None, help="makes sampled output reproducible (none: random)")
     gen.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--ignore-eos", action="store_true", help="go on past the end-of-sequence token")
     gen.add_argument("--speculation", type=_speculation, default="auto", metavar="auto|off|N",
                      help="auto: the server decides; off: no drafts; N: at most N draft tokens a step")
     gen.add_argument("--timeout", type=float, default=60.0, help="seconds")
@@ -213,7 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     add_dial_args(gen, internal=False)
     gen.set_defaults(func=_generate)
     _add_drafters_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -19,6 +19,7 @@ GATEWAY_PORT = 50051
 VERIFIER_PORT = 50061
 DRAFTER_PORT = 50071
 ADMIN_PORT = 50081           # the gateway's drafter-pool admin API, on loopback by default
+HTTP_PORT = 8000             # the gateway's OpenAI-compatible HTTP API under `minedraft serve`
 DEFAULT_GATEWAY = f"localhost:{GATEWAY_PORT}"
 DEFAULT_ADMIN = f"localhost:{ADMIN_PORT}"
 DEFAULT_VERIFIER = f"127.0.0.1:{VERIFIER_PORT}"

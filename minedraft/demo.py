@@ -3,6 +3,7 @@
 Starts the services (verifier and drafter on their own cores), streams one completion,
 then runs a handful of concurrent requests per mode (auto, the default of `minedraft serve`,
 last, with the layout it settled on) and prints tokens/s and mean acceptance length. With --in-process it uses the library directly instead of services.
+It ends with a curl line and an `openai` snippet to try against `minedraft serve`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from minedraft import bundled
+from minedraft.constants import DEFAULT_GATEWAY, HTTP_PORT
+from minedraft.launcher.examples import curl_example, openai_example
 from minedraft.metrics import AcceptanceStats
 
 
@@ -27,7 +31,19 @@ def run(args: argparse.Namespace) -> int:
     for mode, tps, mal, outputs in rows:
         same = "reference" if mode == "ar" else ("yes" if outputs == reference else "NO")
         print(f"{mode:<6}{tps:>10.1f}{mal:>15.2f}  {same}")
+    _print_try_it()
     return 0 if all(r[3] == reference for r in rows) else 1
+
+
+def _print_try_it() -> None:
+    """The services above have stopped: what to run to keep one serving and call its
+    OpenAI-compatible API."""
+    url, model = f"http://127.0.0.1:{HTTP_PORT}", Path(bundled.TARGET).name
+    print(f"\nTo keep the pair serving, run `minedraft serve` (gRPC on {DEFAULT_GATEWAY}, OpenAI-compatible "
+          f"HTTP on {url}/v1); then, from another terminal:\n")
+    print(f"    {curl_example(url, model)}\n")
+    print("    # or from Python (pip install openai):")
+    print("\n".join(f"    {line}" if line else "" for line in openai_example(url, model).splitlines()))
 
 
 def _services(args, prompts):
@@ -96,10 +112,10 @@ def _mean_acceptance_length(mode: str, per_request: list[AcceptanceStats]) -> fl
 
 def add_parser(sub) -> None:
     demo = sub.add_parser("demo", help="serve the bundled pair in every mode and compare")
-    demo.add_argument("--num-prompts", type=int, default=16)
-    demo.add_argument("--max-tokens", type=int, default=64)
-    demo.add_argument("--concurrency", type=int, default=8)
-    demo.add_argument("--k", type=int, default=4)
+    demo.add_argument("--num-prompts", type=int, default=16, help="held-out prompts sent in each mode")
+    demo.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    demo.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
+    demo.add_argument("--k", type=int, default=4, help="draft length (auto: the longest draft)")
     demo.add_argument("--in-process", action="store_true", help="use the library in this process")
     demo.set_defaults(func=run)
 

@@ -1,13 +1,15 @@
 """Streaming text from token ids: incremental detokenisation and stop strings.
 
-Pure Python over any tokenizer with a ``decode`` method, so the gateway can use it without
-importing torch.
+Detokenisation is `tokenizers`' DecodeStream over a `tokenizers.Tokenizer` (no torch, no
+transformers), so the gateway can use it as it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
 
 # How many prompt tokens give the first output token its left context. Tokenizers that
 # strip a leading space at the start of a decode (sentencepiece) need at least one.
@@ -15,63 +17,63 @@ _PROMPT_CONTEXT_TOKENS = 5
 _REPLACEMENT_CHAR = "\ufffd"
 
 
-class Decoder(Protocol):
-    """The one tokenizer method detokenisation needs (any Hugging Face tokenizer has it)."""
-
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+def backend_tokenizer(tokenizer: object) -> Tokenizer:
+    """The `tokenizers.Tokenizer` behind `tokenizer`: itself, or its `backend_tokenizer`
+    (what transformers' fast tokenizers and the gateway's TextTokenizer expose)."""
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        raise TypeError(f"incremental detokenisation needs a tokenizers.Tokenizer or an object with a "
+                        f"`backend_tokenizer` one, got {type(tokenizer).__name__}")
+    return backend
 
 
 class IncrementalDetokenizer:
     """Turns a growing list of output token ids into text deltas, one call per step.
 
-    Decoding the whole output each step costs O(n) per token, so only a short window is
-    decoded: ``ids[prefix_offset:]``, whose first part ``ids[prefix_offset:read_offset]`` was
-    already emitted and is decoded again only to give the new tokens their left context
-    (the delta is the window's text past the context's text). Byte-level BPE may split one
-    UTF-8 character over several tokens; while the window's text ends in U+FFFD the
-    character is incomplete, so nothing is emitted until a later token completes it.
+    DecodeStream decodes only a short window (the last emitted chunk as left context, then
+    the new ids) and holds a UTF-8 character that byte-level BPE split over several tokens
+    until a later token completes it. Two things are left to this class: the prompt's last
+    tokens as the first window's context (dropped when the prompt ends inside a character,
+    whose tail would otherwise merge with the output's first bytes), and `flush`, since the
+    stream keeps an incomplete tail to itself; so the ids it has not yet turned into text
+    are tracked here too, with complete text to their left.
     """
 
-    def __init__(self, tokenizer: Decoder, prompt_token_ids: Sequence[int],
+    def __init__(self, tokenizer: object, prompt_token_ids: Sequence[int],
                  skip_special_tokens: bool = True) -> None:
-        self._tokenizer = tokenizer
+        self._tokenizer = backend_tokenizer(tokenizer)
         self._skip_special_tokens = skip_special_tokens
         context = list(prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:])
         if self._decode(context).endswith(_REPLACEMENT_CHAR):
-            # The prompt ends inside a character: its tail would merge with the output's
-            # first bytes and the context would not be a prefix of the window's text.
             context = []
-        self._token_ids: list[int] = context
-        self._prefix_offset = 0  # start of the decode window (context begins here)
-        self._read_offset = len(context)  # tokens before this have been emitted
+        self._start(context)
+
+    def _start(self, context: list[int]) -> None:
+        self._stream = DecodeStream(context, skip_special_tokens=self._skip_special_tokens)
+        self._context = context             # ids whose text was emitted (or is the prompt's)
+        self._held: list[int] = []          # ids fed since the stream last gave text
 
     def add(self, new_token_ids: Sequence[int]) -> str:
         """Append output tokens; return the text they complete (may be empty)."""
-        self._token_ids.extend(new_token_ids)
-        return self._emit(hold_incomplete=True)
+        if not new_token_ids:
+            return ""
+        new_token_ids = list(new_token_ids)
+        text = self._stream.step(self._tokenizer, new_token_ids)
+        self._held += new_token_ids
+        if text is None:                    # inside a character, or only skipped special tokens
+            return ""
+        self._context, self._held = self._held, []
+        return text
 
     def flush(self) -> str:
-        """Return whatever is still held back (an incomplete character at the end)."""
-        return self._emit(hold_incomplete=False)
-
-    def _emit(self, hold_incomplete: bool) -> str:
-        if self._read_offset == len(self._token_ids):
+        """Return whatever is still held back (an incomplete character at the end, as U+FFFD);
+        the next `add` starts a fresh stream."""
+        if not self._held:
             return ""
-        context_text = self._decode(self._token_ids[self._prefix_offset:self._read_offset])
-        window_text = self._decode(self._token_ids[self._prefix_offset:])
-        if hold_incomplete and window_text.endswith(_REPLACEMENT_CHAR):
-            return ""
-        if len(window_text) <= len(context_text):
-            # The new tokens decode to nothing (skipped special tokens): forget them and
-            # keep the context, which still gives the next tokens their left side.
-            del self._token_ids[self._read_offset:]
-            return ""
-        delta = window_text[len(context_text):]
-        # Drop ids that can never enter a window again; offsets index into what is kept.
-        del self._token_ids[:self._read_offset]
-        self._prefix_offset = 0
-        self._read_offset = len(self._token_ids)
-        return delta
+        context_text = self._decode(self._context)
+        text = self._decode(self._context + self._held)[len(context_text):]
+        self._start([])
+        return text
 
     def _decode(self, token_ids: list[int]) -> str:
         if not token_ids:

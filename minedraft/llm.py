@@ -3,6 +3,7 @@ that the services wrap. Used by tests as the reference and by baseline benchmark
 
 Modes: `ar` (target alone) and `sd` (sequential speculative decoding: draft every running
 request, then verify them all). The batch-parallel mode lives in the gateway's Batch Manager.
+Its tokenizer is transformers' (the `peers` extra), the reference the baselines share.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 
 from minedraft.config import RunnerConfig
 from minedraft.drafter import Drafter
+from minedraft.extras import require
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.metrics import AcceptanceStats
+from minedraft.model.hub import resolve_checkpoint
 from minedraft.model_runner import ModelRunner
 from minedraft.sampling_params import SamplingParams
 from minedraft.sequence import FinishReason, Sequence
@@ -45,18 +48,20 @@ class RequestOutput:
 class LLM:
     def __init__(self, target: str, draft: str | None = None, *, dtype: str = "float32",
                  device: str = "cpu", draft_device: str | None = None, block_size: int = 16,
-                 num_blocks: int = 2048, num_threads: int = 0) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(target)
+                 num_blocks: int = 2048, num_threads: int = 0, target_revision: str | None = None,
+                 draft_revision: str | None = None) -> None:
+        """target, draft: checkpoint directories or Hugging Face ids (at their revisions)."""
+        transformers = require("transformers", "peers", "minedraft.llm.LLM (its tokenizer)")
+        target_dir = str(resolve_checkpoint(target, target_revision))
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir)
         self.verifier = Verifier(ModelRunner(RunnerConfig(
-            model_path=target, dtype=dtype, device=device, block_size=block_size,
+            model_path=target_dir, dtype=dtype, device=device, block_size=block_size,
             num_blocks=num_blocks, num_threads=num_threads)))
         self.drafter = None
         if draft is not None:
             self.drafter = Drafter(ModelRunner(RunnerConfig(
-                model_path=draft, dtype=dtype, device=draft_device or device,
-                block_size=block_size, num_blocks=num_blocks)))
+                model_path=str(resolve_checkpoint(draft, draft_revision)), dtype=dtype,
+                device=draft_device or device, block_size=block_size, num_blocks=num_blocks)))
         model_cfg = self.verifier.runner.model_config
         self.eos_token_ids = model_cfg.eos_token_ids or (
             (self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())

@@ -26,7 +26,8 @@ from grpc_health.v1 import health, health_pb2_grpc
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 COMPOSE = DOCKER / "compose.yaml"
-PROFILES = ("gpu", "cpu")
+PROFILES = ("gpu", "cpu")            # the stacks: each a closed set of MineDraft services
+MONITORING = "monitoring"            # an add-on to either stack: Prometheus and Grafana
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
 
@@ -72,6 +73,11 @@ def in_profile(services: dict[str, dict], profile: str) -> dict[str, dict]:
     return {name: s for name, s in services.items() if not s.get("profiles") or profile in s["profiles"]}
 
 
+def stack_services(services: dict[str, dict]) -> dict[str, dict]:
+    """The MineDraft services (`python -m ...`), without the monitoring add-on's."""
+    return {name: s for name, s in services.items() if MONITORING not in s.get("profiles", [])}
+
+
 @dataclass(frozen=True)
 class Command:
     """A compose service's command as its own service parses it."""
@@ -85,7 +91,7 @@ def commands(services) -> dict[str, Command]:
     with pytest.MonkeyPatch.context() as env:
         for name in TORCHRUN_ENV:
             env.delenv(name, raising=False)       # as in the containers: no torchrun around
-        for name, service in services.items():
+        for name, service in stack_services(services).items():
             argv = argv_of(service)
             module = module_of(argv)
             try:

@@ -11,8 +11,8 @@ import shutil
 import subprocess
 
 import pytest
-from docker_helpers import (COMPOSE, DOCKER, PROFILES, ROOT, TORCHRUN_ENV, argv_of, in_profile,
-                            interpolate, module_of, run_probe, split_address)
+from docker_helpers import (COMPOSE, DOCKER, MONITORING, PROFILES, ROOT, TORCHRUN_ENV, argv_of, in_profile,
+                            interpolate, module_of, run_probe, split_address, stack_services)
 from grpc_health.v1 import health_pb2
 
 DEPLOY_DOC = ROOT / "docs" / "deploy.md"
@@ -68,10 +68,11 @@ def test_images_build_from_files_that_exist(services):
 
 
 def test_every_service_is_in_one_profile(services):
-    # So `--profile cpu` never also starts the GPU stack (profile-less services always start).
+    # So `--profile cpu` never also starts the GPU stack (profile-less services always start),
+    # and monitoring starts only when asked for.
     for name, service in services.items():
         profiles = service.get("profiles", [])
-        assert len(profiles) == 1 and profiles[0] in PROFILES, f"{name}: profiles {profiles}"
+        assert len(profiles) == 1 and profiles[0] in (*PROFILES, MONITORING), f"{name}: profiles {profiles}"
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -149,18 +150,34 @@ def test_healthchecks_probe_the_port_each_service_serves(services, commands, hea
         assert result.returncode == 0, f"{name}: {test[5:]}: {result.stdout}{result.stderr}"
 
 
-def test_only_gateways_publish_a_port_each_and_it_is_the_served_one(services, commands):
+def test_only_gateways_publish_their_apis_and_monitoring_only_on_loopback(services, commands):
+    """Of the stacks, only gateways publish ports: their public gRPC API and their HTTP API,
+    both served on every interface (never the admin or metrics port). Monitoring UIs publish
+    on loopback only. No two services take the same host port."""
     published = []
-    for name, service in services.items():
+    for name, service in stack_services(services).items():
+        args = commands[name].args
+        served = {args.port, getattr(args, "http_port", None)} if commands[name].module == "gateway" else set()
         for port in service.get("ports", []):
             host_side, container_port = _published(port)
             assert commands[name].module == "gateway", f"only gateways publish ports, not {name}"
-            assert container_port == commands[name].args.port, f"{name} publishes {port}"
-            assert commands[name].args.host in WILDCARD_HOSTS, f"{name} publishes {port}, binds it to loopback"
+            assert container_port in served, f"{name} publishes {port}, which is not its gRPC or HTTP API"
+            assert args.host in WILDCARD_HOSTS, f"{name} publishes {port}, binds it to loopback"
             published.append(host_side)
     gateways = [name for name, command in commands.items() if command.module == "gateway"]
-    assert all(services[name].get("ports") for name in gateways), "clients reach each stack through its gateway"
-    assert all(published) and len(published) == len(set(published)), published
+    for name in gateways:
+        ports = {_published(port)[1] for port in services[name].get("ports", [])}
+        assert commands[name].args.port in ports, f"{name}: clients reach each stack through its gateway"
+        http_port = getattr(commands[name].args, "http_port", None)
+        assert http_port in ports, f"{name}: the HTTP API (--http-port {http_port}) is not published"
+    for name, service in services.items():
+        if MONITORING in service.get("profiles", []):
+            for port in service.get("ports", []):
+                host_side, _ = _published(port)
+                assert host_side.split(":")[0] in LOOPBACK_HOSTS, f"{name} publishes {port} beyond this host"
+                published.append(host_side.split(":")[-1])
+    host_ports = [host_side.split(":")[-1] for host_side in published]
+    assert all(host_ports) and len(host_ports) == len(set(host_ports)), published
 
 
 @pytest.mark.parametrize("module", SERVICE_MODULES)
@@ -170,7 +187,7 @@ def test_service_parsers_accept_compose_flags(services, module, monkeypatch):
         monkeypatch.delenv(name, raising=False)    # as in the containers: no torchrun around
     assert (ROOT / module / "__main__.py").is_file()
     parse_args = importlib.import_module(f"{module}.main").parse_args
-    commands = [(name, argv_of(s)) for name, s in services.items() if module_of(argv_of(s)) == module]
+    commands = [(name, argv_of(s)) for name, s in stack_services(services).items() if module_of(argv_of(s)) == module]
     assert len(commands) == len(PROFILES)
     for name, argv in commands:
         try:

@@ -6,7 +6,10 @@ import multiprocessing as mp
 import threading
 import traceback
 
+import numpy as np
 import pytest
+import safetensors.numpy
+import safetensors.torch
 import torch
 
 from concurrency import run_in_processes
@@ -77,7 +80,9 @@ def test_encode_decode_roundtrip_is_bit_exact(num_tokens: int) -> None:
         payload.token_ids[0], payload.token_ids[-1] = 2**62 + 2**8 + 1, -2
     fields = encode_payload(payload)
     assert fields["num_tokens"] == num_tokens and fields["step_id"] == 2**40 + 3
-    assert fields["draft_token_ids"] == payload.token_ids.numpy().astype("<i8").tobytes()
+    wire = safetensors.numpy.load(fields["draft_token_ids"])     # any safetensors reader reads it
+    assert list(wire) == ["draft_token_ids"] and wire["draft_token_ids"].dtype == np.dtype("<i8")
+    assert wire["draft_token_ids"].tolist() == payload.token_ids.tolist()
     assert same_payload(decode_payload(**fields), payload)
 
 
@@ -85,8 +90,25 @@ def test_decode_refuses_a_count_the_bytes_do_not_hold() -> None:
     fields = encode_payload(make_payload(3, 4))
     with pytest.raises(ValueError, match="num_tokens=5 but 4 token ids arrived"):
         decode_payload(**{**fields, "num_tokens": 5})
-    with pytest.raises(ValueError, match="step 3"):
+    with pytest.raises(ValueError, match="step 3: draft token ids are not a safetensors payload"):
         decode_payload(**{**fields, "draft_token_ids": fields["draft_token_ids"][:-1]})
+    with pytest.raises(ValueError, match="step 3: draft token ids are not a safetensors payload"):
+        decode_payload(**{**fields, "draft_token_ids": np.arange(4, dtype="<i8").tobytes()})   # the old raw bytes
+
+
+def test_decode_refuses_another_tensor() -> None:
+    as_int32 = safetensors.torch.save({"draft_token_ids": torch.arange(4, dtype=torch.int32)})
+    with pytest.raises(ValueError, match="step 8: token_ids must be int64"):
+        decode_payload(8, as_int32, 4)
+    two = safetensors.torch.save({"draft_token_ids": torch.arange(4), "extra": torch.arange(1)})
+    with pytest.raises(ValueError, match="step 8: expected the one tensor 'draft_token_ids'"):
+        decode_payload(8, two, 4)
+    bf16 = safetensors.torch.save({"draft_token_ids": torch.zeros(4, dtype=torch.bfloat16)})
+    with pytest.raises(ValueError, match="step 8: draft token ids are not a safetensors payload"):
+        decode_payload(8, bf16, 4)
+    matrix = safetensors.torch.save({"draft_token_ids": torch.zeros(2, 2, dtype=torch.int64)})
+    with pytest.raises(ValueError, match=r"step 8: token_ids must be int64 \[n\]"):
+        decode_payload(8, matrix, 4)
 
 
 def test_step_tag_is_distinct_per_step_and_below_the_header_tag() -> None:

@@ -5,19 +5,35 @@ from __future__ import annotations
 import random
 
 import pytest
+from tokenizers import Tokenizer
 
 from minedraft import bundled
-from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from minedraft.detokenizer import IncrementalDetokenizer, StopStringMatcher, backend_tokenizer
 
 MULTIBYTE = "naïve — 日本語 🙂 café ≠ ∑ 👩‍💻 done"
+# Characters of one to four UTF-8 bytes, which byte-level BPE splits over tokens.
+ALPHABET = "ab _\n(){}=:.éüñ—≠∑€日本語中文한국어🙂🚀👩‍💻\t"
+
+
+class _Encoder:
+    """The bundled tokenizer with the two calls these tests make, as transformers spells them."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.backend_tokenizer = tokenizer
+        self.eos_token_id = tokenizer.token_to_id("<|endoftext|>")
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.backend_tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend_tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    """The bundled target's byte-level BPE tokenizer (it ships with the project)."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(bundled.TARGET)
+def tokenizer() -> _Encoder:
+    """The bundled target's byte-level BPE tokenizer (it ships with the project), through the
+    `tokenizers` library alone, as the gateway loads it."""
+    return _Encoder(Tokenizer.from_file(f"{bundled.TARGET}/tokenizer.json"))
 
 
 def _stream(tokenizer, prompt_ids: list[int], output_ids: list[int], chunk_sizes: list[int]) -> str:
@@ -36,6 +52,44 @@ def _stream(tokenizer, prompt_ids: list[int], output_ids: list[int], chunk_sizes
         if fed == len(output_ids):
             break
     return emitted + detok.flush()
+
+
+def _random_text(rng: random.Random, length: int) -> str:
+    return "".join(rng.choice(ALPHABET) for _ in range(length))
+
+
+def test_random_multibyte_text_streams_as_its_full_decode(tokenizer):
+    """Many random strings of 1-4 byte characters, after a random prompt, in random chunks."""
+    rng = random.Random(1)
+    for _ in range(300):
+        prompt = tokenizer.encode(_random_text(rng, rng.randrange(0, 12)), add_special_tokens=False)
+        output = tokenizer.encode(_random_text(rng, rng.randrange(1, 40)), add_special_tokens=False)
+        sizes = [rng.choice([1, 1, 2, 3, 7]) for _ in output]
+        text = _stream(tokenizer, prompt, output, sizes)
+        assert text == tokenizer.decode(output, skip_special_tokens=True)
+
+
+def test_random_token_ids_stream_as_their_full_decode(tokenizer):
+    """Arbitrary ids, so also broken UTF-8 (lone continuation bytes, truncated characters) and
+    special tokens anywhere: the streamed text still equals one decode of all of them."""
+    rng = random.Random(2)
+    vocab = tokenizer.backend_tokenizer.get_vocab_size()
+    for _ in range(300):
+        prompt = [rng.randrange(vocab) for _ in range(rng.randrange(0, 8))]
+        output = [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
+        sizes = [rng.choice([1, 2, 5]) for _ in output]
+        text = _stream(tokenizer, prompt, output, sizes)
+        assert text == tokenizer.decode(output, skip_special_tokens=True)
+
+
+def test_transformers_tokenizers_are_accepted():
+    transformers = pytest.importorskip("transformers")
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(bundled.TARGET)
+    ids = hf_tokenizer.encode(MULTIBYTE, add_special_tokens=False)
+    detok = IncrementalDetokenizer(hf_tokenizer, [])
+    assert "".join(detok.add([i]) for i in ids) + detok.flush() == MULTIBYTE
+    with pytest.raises(TypeError, match="tokenizers.Tokenizer"):
+        backend_tokenizer(object())
 
 
 def test_code_snippets_one_token_at_a_time(tokenizer):

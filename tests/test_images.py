@@ -92,3 +92,22 @@ def test_image_healthcheck_probes_the_port_its_command_serves(dockerfile):
 def test_cpu_image_takes_torch_from_the_cpu_index():
     args = dict(a.split("=", 1) for op, a in instructions(DOCKERFILES[1]) if op == "ARG" and "=" in a)
     assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[\s<>=!~;\[]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_hold_the_services_dependencies_and_no_extras(dockerfile):
+    """What only tests, `make protos` and benchmarks need is an extra, which the images leave out."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    base = _requirement_names(project["dependencies"])
+    assert not base & {"transformers", "grpcio-tools", "matplotlib"}, base
+    assert "grpcio-tools" in _requirement_names(extras["protos"]) and "transformers" in _requirement_names(extras["peers"])
+    assert "minedraft[protos,peers,bench]" in extras["dev"]
+    runs = " ".join(a for op, a in instructions(dockerfile) if op == "RUN")
+    installs = re.findall(r"pip install (?:--\S+ \S+ )*(\S+)", runs)
+    assert "." in installs and not any(i.startswith(".[") for i in installs), installs

@@ -12,7 +12,10 @@ import grpc
 import pytest
 from fake_servers import ServerThread, run_cli
 
+from gateway.frontend import Frontend
 from gateway.servicer import GenerationServicer, server_info
+from gateway.tokenizer import TextTokenizer
+from minedraft import bundled
 from minedraft.client import AsyncClient, Client, InvalidRequest, SamplingOptions, build_request
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.v1 import generation_pb2, generation_pb2_grpc
@@ -110,17 +113,16 @@ class AbortingContext:
     async def abort(self, code: grpc.StatusCode, details: str) -> None:
         raise Refused(code, details)
 
-
-class SilentTokenizer:
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
+    async def abort_with_status(self, status: grpc.Status) -> None:
+        raise Refused(status.code, status.details)
 
 
 def _servicer(mode: str = "psd", k: int = K) -> GenerationServicer:
     """The servicer over a manager that admits everything: only the request building runs."""
     manager = SimpleNamespace(unavailable="", admission=SimpleNamespace(fits_ever=lambda req: True))
-    return GenerationServicer(manager, SilentTokenizer(), vocab_size=100, eos_token_ids=(0,), max_model_len=64,
-                              info=server_info(mode, k, 4, "target", 0.0))
+    frontend = Frontend(manager, TextTokenizer(bundled.TARGET), vocab_size=100, eos_token_ids=(0,),
+                        max_model_len=64, k=k)
+    return GenerationServicer(frontend, info=server_info(mode, k, 4, "target", 0.0))
 
 
 def _build(servicer: GenerationServicer, **sampling):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from minedraft import bundled
 from minedraft.constants import DATA_PLANES, VERIFIER_PORT
-from minedraft.service.flags import add_runner_args, runner_config
+from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
-from minedraft.service.runtime import configure_logging, run
+from minedraft.service.runtime import add_log_format_arg, configure_logging, run
 from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
 from minedraft.service.server import start_server
 
@@ -35,10 +35,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger("minedraft.verifier")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="verifier_svc", description="MineDraft verifier (target model)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = service_parser("verifier_svc", "MineDraft verifier: serves the target model's steps, verifying "
+                                            "the drafts that drafters send over the data plane")
     add_runner_args(parser, default_model=bundled.TARGET)
-    parser.add_argument("--port", type=int, default=VERIFIER_PORT)
+    add_log_format_arg(parser)
+    parser.add_argument("--port", type=int, default=VERIFIER_PORT, help="gRPC port to serve on (0: any free port)")
     parser.add_argument("--advertise-host", default="",
                         help="host name drafters reach this verifier's data plane at "
                              "(default: --host, or this machine's address when binding all interfaces; "
@@ -62,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     add_server_args(parser, public=False)
     add_internal_token_arg(parser)
+    return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         args.serving = ServerSecurity.from_args(args, internal=True)
@@ -188,7 +195,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def follow(args: argparse.Namespace) -> None:
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     executor = _build(args, args.tp_rank)
     logger.info("verifier rank %d/%d ready", args.tp_rank, args.tp)
     executor.follow()
@@ -197,12 +204,13 @@ def follow(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    resolve_model(args, "verifier_svc")
     if args.tp_rank not in (None, 0):
         follow(args)
         return
     followers = _spawn_followers(args, argv) if args.tp > 1 and args.tp_rank is None else []
     try:
-        run(lambda: serve(args), args.log_level)
+        run(lambda: serve(args), args.log_level, args.log_format)
     finally:
         for proc in followers:
             try:

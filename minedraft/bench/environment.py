@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 
 
@@ -17,11 +18,18 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _version(distribution: str) -> str | None:
+    """An installed package's version; None when it is not installed (an optional extra)."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def environment() -> dict:
     import grpc
     import torch
-    import transformers
 
     return {"commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "grpc": grpc.__version__,
+            "transformers": _version("transformers"), "grpc": grpc.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count()}

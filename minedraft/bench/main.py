@@ -49,6 +49,7 @@ from minedraft.bench.table import terminal_table
 from minedraft.bench.workload import DATASETS, Workload, load_workload
 from minedraft.client import Client
 from minedraft.constants import BENCH_MODES, DATA_PLANES, DTYPES
+from minedraft.extras import require
 from minedraft.launcher import Cluster, ServeConfig
 
 
@@ -181,8 +182,19 @@ def plot_runs(runs: dict, concurrency: int, args: argparse.Namespace, out: Path)
                       result["row"].get("schedule_start_s"))
 
 
+def missing_extra(specs: list[RunSpec]) -> str | None:
+    """What the run needs and this install lacks, said before minutes of measuring, not after."""
+    try:
+        require("matplotlib", "bench", "minedraft bench's plots")
+        if any(spec.mode == PEERS for spec in specs):
+            require("transformers", "peers", "minedraft bench --peers")
+    except ModuleNotFoundError as err:
+        return str(err)
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
-    problem = apply_presets(args)
+    problem = apply_presets(args) or missing_extra(run_list(args))
     if problem:
         print(f"minedraft bench: error: {problem}", file=sys.stderr)
         return 2

@@ -19,13 +19,20 @@ def llm_tokens_per_s(llm, prompts: list[str], max_tokens: int, mode: str, k: int
 
 
 def load_peer(target: str, draft: str | None):
+    """transformers' tokenizer, target and assistant (draft) model, from checkpoint directories
+    or Hugging Face ids."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    from minedraft.extras import require
+    from minedraft.model.hub import resolve_checkpoint
+
+    transformers = require("transformers", "peers", "the transformers baselines (--peers, scripts/bench_core.py)")
+    target_dir = str(resolve_checkpoint(target))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(target_dir)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
-    assistant = AutoModelForCausalLM.from_pretrained(draft, dtype=torch.float32).eval() if draft else None
+    model = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    assistant = (transformers.AutoModelForCausalLM.from_pretrained(str(resolve_checkpoint(draft)), dtype=torch.float32)
+                 .eval() if draft else None)
     return tokenizer, model, assistant
 
 

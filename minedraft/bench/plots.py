@@ -16,8 +16,9 @@ AUTO_STYLE = dict(color="black", linewidth=3, zorder=5)
 
 
 def _pyplot():
-    import matplotlib
+    from minedraft.extras import require
 
+    matplotlib = require("matplotlib", "bench", "minedraft bench's plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

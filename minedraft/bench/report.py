@@ -8,18 +8,18 @@ import statistics
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from minedraft.bench.driver import RequestTiming
 from minedraft.metrics import AcceptanceStats
+from minedraft.timeline import SHARES, Timeline, busy_intervals, verifier_interval
 
 MIN_CEILING_GAIN = 0.05   # overlap efficiency is reported where the ceiling is above 1.05
 
 
 def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+    """numpy's percentile (linear between the two nearest ranks); nan for no values."""
+    return float(np.percentile(values, q)) if values else float("nan")
 
 
 def acceptance(timings: list[RequestTiming]) -> AcceptanceStats:
@@ -78,65 +78,26 @@ def request_metrics(timings: list[RequestTiming], wall_s: float) -> dict:
     }
 
 
-def busy_intervals(calls: list[dict]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """Each call's busy interval on the gateway's clock -> (drafter's, verifier's).
-
-    A service answers the moment its work ends, so a call's work is the stretch just before
-    its answer reached the gateway: [answer - busy, answer] for a draft, and for a verify
-    its wait for drafts (data plane) and then its compute. The answer's own trip back is
-    counted as work by this, so the gateway share below is, if anything, too small by one
-    loopback message per call."""
-    drafter, verifier = [], []
-    for c in calls:
-        end = c.get("start_s", 0.0) + c["wall_s"]
-        if c.get("draft_busy_s"):
-            drafter.append((end - c["draft_busy_s"], end))
-        if c.get("verify_busy_s") or c.get("data_plane_s"):
-            verifier.append((end - c.get("verify_busy_s", 0.0) - c.get("data_plane_s", 0.0), end))
-    return drafter, verifier
-
-
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
 def _overlaps(interval: tuple[float, float], others: list[tuple[float, float]]) -> bool:
     return any(start < interval[1] and interval[0] < end for start, end in others)
 
 
 def step_metrics(calls: list[dict]) -> dict:
-    """Shares of the run's span (first call sent to last answer) from the gateway's call records.
-
-    gateway_share: the time in which neither the drafter nor the verifier computes or takes
-    drafts off the data plane, i.e. everything outside the services' work and the data-plane
-    transfer: the gateway's own work and the control messages' transport. A step is one
-    verify call; it overlaps when a draft ran during its compute.
-    """
+    """Shares of the run's active span from the gateway's call records, as minedraft.timeline
+    defines them (the gateway's Prometheus metrics read the same Timeline). A step is one
+    verify call; it overlaps when a draft ran during its compute."""
     if not calls:
         nan = float("nan")
-        return {"steps": 0, "overlap_steps": 0, "step_wall_mean_ms": nan, "drafter_busy_share": nan,
-                "verifier_busy_share": nan, "drafter_idle_share": nan, "verifier_idle_share": nan,
-                "data_plane_share": nan, "gateway_share": nan, "data_plane_bytes_per_step": nan}
-    span = (max(c.get("start_s", 0.0) + c["wall_s"] for c in calls) - min(c.get("start_s", 0.0) for c in calls))
-    draft = sum(c.get("draft_busy_s", 0.0) for c in calls)
-    verify = sum(c.get("verify_busy_s", 0.0) for c in calls)
-    data_plane = sum(c.get("data_plane_s", 0.0) for c in calls)
-    drafter, verifier = busy_intervals(calls)
+        return {"steps": 0, "overlap_steps": 0, "step_wall_mean_ms": nan, **dict.fromkeys(SHARES, nan),
+                "data_plane_bytes_per_step": nan}
+    timeline = Timeline.of(calls)
+    drafter, _ = busy_intervals(calls)
     steps = [c for c in calls if c.get("kind") == "verify"]
-    _, verify_compute = busy_intervals([{**c, "data_plane_s": 0.0} for c in steps])
+    verify_compute = [i for i in (verifier_interval(c, with_data_plane=False) for c in steps) if i is not None]
     return {
         "steps": len(steps), "overlap_steps": sum(_overlaps(v, drafter) for v in verify_compute),
-        "step_wall_mean_ms": span / max(1, len(steps)) * 1e3,
-        "drafter_busy_share": draft / span, "verifier_busy_share": verify / span,
-        "drafter_idle_share": 1 - draft / span, "verifier_idle_share": 1 - verify / span,
-        "data_plane_share": data_plane / span,
-        "gateway_share": (span - _union_length(drafter + verifier)) / span,
-        "data_plane_bytes_per_step": sum(c.get("data_plane_bytes", 0) for c in calls) / max(1, len(steps)),
+        "step_wall_mean_ms": timeline.span_s / max(1, len(steps)) * 1e3, **timeline.shares(),
+        "data_plane_bytes_per_step": timeline.data_plane_bytes / max(1, len(steps)),
     }
 
 

@@ -115,7 +115,7 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
     base = dict(k=k, port=0, data_plane=args.data_plane, target=args.target, draft=args.draft,
                 synthetic_acceptance=args.synthetic_acceptance, random_weights=args.random_weights,
                 dtype=args.dtype, target_device=args.target_device, draft_device=args.draft_device,
-                num_blocks=args.num_blocks)
+                num_blocks=args.num_blocks, http_port=0)           # the bench speaks gRPC only
     all_cpus = args.all_cpus
     all_threads = max(1, len(parse_cpus(all_cpus)))
     if mode == "psd":

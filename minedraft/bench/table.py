@@ -2,15 +2,38 @@
 of them: the terminal table `minedraft bench` prints and the markdown tables of
 docs/benchmarks.md (scripts/bench_table.py). A column no row has a figure for is left out of
 both, so a run without auto or a cost model shows no empty auto columns, and a run of one
-round no spread."""
+round no spread.
+
+`text_table` and `markdown_lines` lay out any table of strings: both views are built on them,
+and any other table the project prints should be, so that tables are built one way."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
+
+
+def text_table(rows: Sequence[Sequence[str]], widths: Sequence[int] | None = None, left: int = 1,
+               separator: str = "  ") -> list[str]:
+    """Rows of cells (a header is just the first row) as lines of aligned columns: the first
+    `left` columns flush left, the others flush right (numbers), each `widths[i]` wide
+    (default: its widest cell)."""
+    if not rows:
+        return []
+    if widths is None:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [separator.join(cell.ljust(width) if i < left else cell.rjust(width)
+                           for i, (cell, width) in enumerate(zip(row, widths))).rstrip()
+            for row in rows]
+
+
+def markdown_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown (GitHub) table; cells are not padded."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 @dataclass(frozen=True)
@@ -81,9 +104,9 @@ def _present(columns: Iterable[Column], rows: list[dict]) -> tuple[Column, ...]:
     return tuple(c for c in columns if c in (MODE, K, THROUGHPUT) or any(c.cell(row) for row in rows))
 
 
-def _terminal_line(cells: Iterable[str], columns: Iterable[Column]) -> str:
-    return "".join(cell.ljust(c.width) if c is MODE else cell.rjust(c.width)
-                   for cell, c in zip(cells, columns))
+def _terminal_lines(rows: list[list[str]], columns: Sequence[Column]) -> list[str]:
+    """The columns' own widths, which include the space before a figure; the mode flush left."""
+    return text_table(rows, [c.width for c in columns], left=1, separator="")
 
 
 def _note(row: dict) -> str | None:
@@ -133,14 +156,14 @@ def terminal_table(rows: list[dict], concurrency: int) -> str:
     over_rounds = rounds_note(rows)
     lines = [f"\n== concurrency {concurrency}: ar/sd hold {concurrency} requests as one batch, psd as {psd}, "
              f"auto {concurrency} in the layout it picks" + (f"; {over_rounds}" if over_rounds else "") + " ==",
-             _terminal_line((c.header for c in columns), columns)]
+             *_terminal_lines([[c.header for c in columns]], columns)]
     short = (MODE, K, THROUGHPUT, SPREAD) if SPREAD in columns else (MODE, K, THROUGHPUT)
     for row in rows:
         note = _note(row)
         if note is None:
-            lines.append(_terminal_line((c.cell(row) for c in columns), columns))
+            lines += _terminal_lines([[c.cell(row) for c in columns]], columns)
         else:
-            lines.append(_terminal_line((c.cell(row) for c in short), short) + "   " + note)
+            lines.append(_terminal_lines([[c.cell(row) for c in short]], short)[0] + "   " + note)
     lines += _details(rows)
     text = headline_text(rows)
     return "\n".join(lines + ([f"headline: {text}"] if text else []))
@@ -149,14 +172,12 @@ def terminal_table(rows: list[dict], concurrency: int) -> str:
 def markdown_table(rows: list[dict], top: dict | None = None) -> list[str]:
     """One markdown table; `top`'s throughput is set in bold."""
     columns = _present(MARKDOWN_COLUMNS, rows)
-    lines = ["| " + " | ".join(c.header for c in columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = [c.cell(row) for c in columns]
+    cells = [[c.cell(row) for c in columns] for row in rows]
+    for row, row_cells in zip(rows, cells):
         if row is top:
             index = columns.index(THROUGHPUT)
-            cells[index] = f"**{cells[index]}**"
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
+            row_cells[index] = f"**{row_cells[index]}**"
+    return markdown_lines([c.header for c in columns], cells)
 
 
 def by_concurrency(report: dict) -> dict[int, list[dict]]:

@@ -13,8 +13,8 @@ arrives against them. Two transports share one interface (`payload.py`):
 - `pairings.py`: the verifier's side of a drafter pool: one pairing (of either transport)
   per drafter, formed when the drafter joins, dropped when it dies.
 - `inband.py`: the fallback when no process group can be formed; payloads ride a gRPC call
-  (`PutDrafts`) that the services make. No gRPC or protobuf here: `encode_payload` /
-  `decode_payload` convert to and from the message's fields.
+  (`PutDrafts`) that the services make, the token ids as safetensors bytes. No gRPC or
+  protobuf here: `encode_payload` / `decode_payload` convert to and from the message's fields.
 """
 
 from minedraft.data_plane.distributed import (DistributedDraftReceiver, DistributedDraftSender, connect_pair,

@@ -5,12 +5,17 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-import numpy as np
 import torch
+from safetensors import SafetensorError
+from safetensors.numpy import load as load_arrays
+from safetensors.numpy import save as save_arrays
 
 from minedraft.data_plane.payload import DraftPayload, _TransferMeter
 
-_WIRE_TOKENS = "<i8"   # token ids travel as little-endian int64 whatever the host's byte order
+# The payload's bytes are a safetensors blob holding this one tensor: the format says dtype,
+# shape and byte order itself (little-endian whatever the host's), and is checked on load.
+# Its numpy functions, not its torch ones: a fifth of the time for a step's few ids.
+_WIRE_NAME = "draft_token_ids"
 
 
 class InBandDraftSender(_TransferMeter):
@@ -79,19 +84,23 @@ def _check_payload(payload: DraftPayload, num_tokens: int) -> DraftPayload:
 
 def encode_payload(payload: DraftPayload) -> dict[str, int | bytes]:
     """Fields of the `minedraft.v1.DraftPayload` message."""
-    host = payload.token_ids.detach().cpu().contiguous().numpy()
     return {
         "step_id": payload.step_id,
-        "draft_token_ids": host.astype(_WIRE_TOKENS, copy=False).tobytes(),
+        "draft_token_ids": save_arrays({_WIRE_NAME: payload.token_ids.detach().cpu().contiguous().numpy()}),
         "num_tokens": payload.num_tokens,
     }
 
 
 def decode_payload(step_id: int, draft_token_ids: bytes, num_tokens: int) -> DraftPayload:
-    """Inverse of `encode_payload`."""
-    if len(draft_token_ids) % 8:
-        raise ValueError(f"step {step_id}: {len(draft_token_ids)} bytes of token ids are not whole int64s")
-    array = np.frombuffer(draft_token_ids, dtype=_WIRE_TOKENS).astype(np.int64)
-    if array.size != num_tokens:
-        raise ValueError(f"step {step_id}: num_tokens={num_tokens} but {array.size} token ids arrived")
-    return DraftPayload(step_id, torch.from_numpy(array))
+    """Inverse of `encode_payload`; refuses bytes that are not one int64 [num_tokens] tensor."""
+    try:
+        arrays = load_arrays(draft_token_ids)
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    except (SafetensorError, KeyError, TypeError, ValueError) as err:    # not safetensors; a dtype numpy lacks
+        raise ValueError(f"step {step_id}: draft token ids are not a safetensors payload ({err})") from None
+    if tensors.keys() != {_WIRE_NAME}:
+        raise ValueError(f"step {step_id}: expected the one tensor {_WIRE_NAME!r}, got {sorted(tensors)}")
+    payload = DraftPayload(step_id, tensors[_WIRE_NAME])      # checks int64 [n]
+    if payload.num_tokens != num_tokens:
+        raise ValueError(f"step {step_id}: num_tokens={num_tokens} but {payload.num_tokens} token ids arrived")
+    return payload

@@ -1,5 +1,5 @@
 """`minedraft serve` on one host: `config` (what to start), `cluster` (the child processes
-and their supervision), `serve` (the command's loop)."""
+and their supervision), `serve` (the command's loop), `examples` (what to try against it)."""
 
 from minedraft.launcher.cluster import Cluster
 from minedraft.launcher.config import ServeConfig

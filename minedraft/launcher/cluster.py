@@ -11,9 +11,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from minedraft.launcher.config import ServeConfig
+from minedraft.service.backoff import Backoff
+from minedraft.service.network import free_port
 from minedraft.service.security import INTERNAL_TOKEN_ENV, DialSecurity, read_token
 from minedraft.service.server import wait_healthy
 
@@ -21,17 +24,23 @@ from minedraft.service.server import wait_healthy
 class Cluster:
     """Running services; use as a context manager so they always stop."""
 
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, report: Callable[[str], None] = lambda message: None) -> None:
         self.config = config
+        self.report = report                # told each step of start-up (`minedraft serve` prints them)
         self.procs: dict[str, subprocess.Popen] = {}
         self._killed: set[str] = set()
         self._port_dir: Path | None = None
         self.port = config.port             # the bound one once started (config.port 0: any)
         self.admin_address = ""             # the gateway's drafter-pool admin API
+        self.http_url = ""                  # the OpenAI-compatible API's base URL ('' = off), e.g. http://h:8000
+        # The model's name on the HTTP API: a directory's name, or the Hugging Face id as given.
+        self.model_name = Path(config.target).name if Path(config.target).is_dir() else config.target
+        self.metrics_url = ""               # the gateway's Prometheus metrics ('' = off)
         self.verifier_address = ""
         self.drafter_addresses: list[str] = []
         self._common = ["--host", config.host, "--dtype", config.dtype, "--num-blocks", str(config.num_blocks),
-                        "--log-level", config.log_level] + (["--random-weights"] if config.random_weights else [])
+                        "--log-level", config.log_level, "--log-format", config.log_format] + (
+                           ["--random-weights"] if config.random_weights else [])
 
     @property
     def address(self) -> str:
@@ -45,20 +54,40 @@ class Cluster:
         cfg = self.config
         self._port_dir = Path(tempfile.mkdtemp(prefix="minedraft-ports-"))
         try:
+            self.report(f"starting the verifier: {cfg.target} on {cfg.target_device}"
+                        f"{f' (tp {cfg.tp})' if cfg.tp > 1 else ''}, loading the model ...")
             self._spawn_verifier(port=0)
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
+            self.report(f"verifier ready on {self.verifier_address}")
             admin_port = cfg.admin_port if cfg.port else 0
+            # The HTTP port takes no "any free port" value (0 is off): with port 0 one is picked here.
+            http_port = cfg.http_port if cfg.port or not cfg.http_port else free_port(cfg.host)
+            self.report(f"starting the gateway: mode {cfg.mode}{f', k {cfg.k}' if cfg.mode != 'ar' else ''}, "
+                        f"max batch {cfg.max_batch} ...")
             self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
                                     "--admin-port", str(admin_port), *(["--insecure"] if cfg.insecure else []),
                                     "--verifier", self.verifier_address, "--mode", cfg.mode,
+                                    *(["--tokenizer-revision", cfg.target_revision] if cfg.target_revision else []),
                                     "--k", str(cfg.k), "--max-batch", str(cfg.max_batch),
                                     "--step-timeout", str(cfg.step_timeout_s), "--max-waiting", str(cfg.max_waiting),
                                     *(["--auto-cycle-steps", str(cfg.auto_cycle_steps)]
                                       if cfg.auto_cycle_steps else []),
-                                    "--log-level", cfg.log_level])
+                                    "--metrics-port", str(cfg.metrics_port),
+                                    "--http-port", str(http_port), "--served-model-name", self.model_name,
+                                    "--log-level", cfg.log_level, "--log-format", cfg.log_format])
             self.port = self._wait_port("gateway")
             self.admin_address = f"127.0.0.1:{self._wait_port('gateway.admin', process='gateway')}"
+            if http_port:
+                host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+                self.http_url = f"http://{host}:{self._wait_port('gateway.http', process='gateway')}"
             asyncio.run(self._wait_ready(self.address))
+            if cfg.metrics_port:
+                host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+                self.metrics_url = f"http://{host}:{cfg.metrics_port}/metrics"
+                self.report(f"Prometheus metrics at {self.metrics_url} (docs/metrics.md)")
+            self.report(f"gateway ready: gRPC on {self.address}"
+                        f"{f', OpenAI-compatible HTTP on {self.http_url}/v1' if self.http_url else ''}, "
+                        f"pool admin on {self.admin_address}")
             for _ in range(cfg.drafters if cfg.mode != "ar" else 0):
                 self.add_drafter()
         except BaseException:
@@ -73,7 +102,7 @@ class Cluster:
         """`python -m` arguments of the verifier; only ar mode has no drafts to carry."""
         cfg = self.config
         plane = cfg.data_plane if cfg.mode != "ar" else "inband"
-        return (["verifier_svc", "--model", cfg.target, "--port", str(port),
+        return (["verifier_svc", "--model", cfg.target, *_revision(cfg.target_revision), "--port", str(port),
                  "--device", cfg.target_device, "--threads", str(cfg.target_threads),
                  "--cpus", cfg.target_cpus, "--data-plane", plane, "--tp", str(cfg.tp)]
                 + (["--borrow-cpus", cfg.lent_cpus] if cfg.lent_cpus else [])
@@ -85,7 +114,7 @@ class Cluster:
         """Start a drafter that joins the gateway's pool itself; -> its process name."""
         cfg = self.config
         name = name or f"drafter-{sum(n.startswith('drafter') for n in self.procs)}"
-        self._spawn(name, ["drafter_svc", "--model", cfg.draft, "--port", "0",
+        self._spawn(name, ["drafter_svc", "--model", cfg.draft, *_revision(cfg.draft_revision), "--port", "0",
                            "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
                            "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address,
                            "--register-with", self.admin_address] + self._common)
@@ -95,8 +124,10 @@ class Cluster:
         """A drafter joining the running pool (a new one, or `name` started again); returns
         once the gateway lists it. -> (process name, address)."""
         name = self._spawn_drafter(name)
+        self.report(f"starting {name}: {self.config.draft} on {self.config.draft_device} ...")
         address = f"{self.config.host}:{self._wait_port(name)}"
         asyncio.run(self._wait_listed(address))
+        self.report(f"{name} ready on {address}, in the gateway's pool")
         if address not in self.drafter_addresses:
             self.drafter_addresses.append(address)
         return name, address
@@ -132,13 +163,14 @@ class Cluster:
         dial = DialSecurity(token=read_token("", INTERNAL_TOKEN_ENV, "--internal-token-file"))
         async with dial.aio_channel(self.admin_address) as channel:
             stub = generation_pb2_grpc.DrafterPoolStub(channel)
+            delays = Backoff(initial_s=0.05, max_s=1.0).delays()        # the pool has no stream to watch
             while time.monotonic() < deadline:
-                status = await stub.List(generation_pb2.ListDraftersRequest())
+                status = await stub.List(generation_pb2.ListDraftersRequest(), timeout=10.0, wait_for_ready=True)
                 if any(d.address == address for d in status.drafters):
                     return
                 if self.dead():
                     raise RuntimeError(f"{', '.join(self.dead())} exited while a drafter joined")
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(next(delays))
         raise TimeoutError(f"drafter {address} did not join the pool")
 
     def kill(self, name: str, sig: int = signal.SIGKILL, timeout_s: float = 30.0) -> int:
@@ -195,3 +227,7 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _revision(revision: str) -> list[str]:
+    return ["--revision", revision] if revision else []

@@ -6,8 +6,9 @@ import os
 from dataclasses import dataclass, field
 
 from minedraft import bundled
-from minedraft.constants import ADMIN_PORT, DATA_PLANES, GATEWAY_PORT, MODES
+from minedraft.constants import ADMIN_PORT, DATA_PLANES, GATEWAY_PORT, HTTP_PORT, MODES
 from minedraft.service.placement import parse_cpus
+from minedraft.service.runtime import LOG_FORMATS
 
 
 @dataclass(frozen=True)
@@ -19,9 +20,13 @@ class ServeConfig:
     max_batch: int = 16
     port: int = GATEWAY_PORT
     admin_port: int = ADMIN_PORT   # the drafter-pool admin API, always on 127.0.0.1 (0 with port 0)
+    http_port: int = HTTP_PORT     # the OpenAI-compatible HTTP API on `host`; 0: off (port 0: any free one)
+    metrics_port: int = 0          # the gateway's Prometheus metrics (GET /metrics) on `host`; 0: off
     host: str = "127.0.0.1"
     target: str = bundled.TARGET
     draft: str = bundled.DRAFT
+    target_revision: str = ""      # a Hugging Face revision where target / draft are Hub ids
+    draft_revision: str = ""
     dtype: str = "float32"
     target_device: str = "cpu"
     draft_device: str = "cpu"
@@ -34,6 +39,7 @@ class ServeConfig:
     drafters: int = 1              # drafters in the pool (ar mode starts none)
     num_blocks: int = 4096
     log_level: str = "WARNING"
+    log_format: str = "text"       # one of service.runtime.LOG_FORMATS, for every service
     step_timeout_s: float = 30.0   # the least deadline of a gateway-to-service call
     max_waiting: int = 1024        # requests queued beyond the batches before RESOURCE_EXHAUSTED
     insecure: bool = False         # allow a non-loopback public API without TLS or API keys
@@ -47,6 +53,8 @@ class ServeConfig:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.data_plane not in DATA_PLANES:
             raise ValueError(f"data_plane must be one of {DATA_PLANES}, got {self.data_plane!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if self.tp < 1 or self.drafters < 0:
             raise ValueError(f"tp must be >= 1 and drafters >= 0, got tp={self.tp}, drafters={self.drafters}")
         for name in ("target_cpus", "draft_cpus"):

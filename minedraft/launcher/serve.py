@@ -3,27 +3,39 @@ gateway or the verifier dies (a drafter that exits only shrinks the pool)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
 
 from minedraft.launcher.cluster import Cluster
 from minedraft.launcher.config import ServeConfig
+from minedraft.launcher.examples import curl_example, generate_example
+from minedraft.service.security import API_KEYS_ENV
 
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
+def _print_examples(cluster: Cluster) -> None:
+    """What to try now: the gRPC API through the CLI and, when on, the HTTP API through curl."""
+    print(f"minedraft: try  {generate_example(cluster.address)}", flush=True)
+    if cluster.http_url:
+        with_key = bool(os.environ.get(API_KEYS_ENV))
+        print(f"minedraft: OpenAI-compatible API at {cluster.http_url}/v1 (docs/http.md); try\n"
+              f"  {curl_example(cluster.http_url, cluster.model_name, with_key)}", flush=True)
+
+
 def serve_forever(config: ServeConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):       # also when started with SIGINT ignored
         signal.signal(sig, _interrupt)
-    cluster = Cluster(config)
+    cluster = Cluster(config, report=lambda message: print(f"minedraft: {message}", flush=True))
     cluster.start()
     print(f"minedraft: {config.mode} (k={config.k}, m={config.max_batch}, tp={config.tp}, "
           f"drafters={config.drafters if config.mode != 'ar' else 0}) serving on {cluster.address} "
-          f"(pool admin on {cluster.admin_address}); "
-          f"Ctrl-C stops all services", flush=True)
+          f"(pool admin on {cluster.admin_address}); Ctrl-C stops all services", flush=True)
+    _print_examples(cluster)
     try:
         reported: set[str] = set()
         while True:

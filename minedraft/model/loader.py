@@ -1,4 +1,5 @@
-"""Load a Hugging Face-format checkpoint directory into `CausalLM`, whole or one rank's shard.
+"""Load a Hugging Face-format checkpoint (a directory, or a Hub id resolved by hub.py) into
+`CausalLM`, whole or one rank's shard.
 
 The model is built on the meta device (no memory), sharded there when tensor-parallel,
 materialised once on its device in its dtype, and every checkpoint tensor is copied
@@ -18,6 +19,7 @@ import torch
 from safetensors import safe_open
 
 from minedraft.config import ModelConfig
+from minedraft.model.hub import resolve_checkpoint
 from minedraft.model.tensor_parallel import FUSED_PARTS, ShardPlan, shard_model
 from minedraft.model.transformer import CausalLM
 from minedraft.parallel import TPGroup
@@ -39,14 +41,15 @@ _PLAIN = {
 
 
 def load_model(path: str | Path, dtype: torch.dtype, device: str | torch.device,
-               random_weights: bool = False, tp: TPGroup | None = None) -> CausalLM:
-    """tp: load rank tp.rank's shard of a tensor-parallel model (None or size 1: whole).
+               random_weights: bool = False, tp: TPGroup | None = None, revision: str | None = None) -> CausalLM:
+    """path: a checkpoint directory or a Hugging Face id (at `revision`, default main).
+    tp: load rank tp.rank's shard of a tensor-parallel model (None or size 1: whole).
 
     random_weights: only config.json is read and the weights are drawn on the device, so
     real-size models can be timed where their checkpoints cannot be downloaded. Each
     parameter's draw is seeded by its name, so replicated parameters agree across ranks.
     """
-    path = Path(path)
+    path = resolve_checkpoint(path, revision)
     cfg = ModelConfig.from_dir(path)
     rank, size = (tp.rank, tp.size) if tp is not None else (0, 1)
     plan = ShardPlan.build(cfg, rank, size)     # rejects an impossible split before any allocation

@@ -1,24 +1,53 @@
-"""How every service process runs: one log format, uvloop, stop on SIGINT/SIGTERM."""
+"""How every service process runs: one log format (text for people, or JSON lines for
+machines with --log-format json), uvloop, stop on SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 
 import uvloop
 
 LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+LOG_FORMATS = ("text", "json")
+# A LogRecord's own attributes; any other was passed with `extra=` and goes into the JSON.
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
-def configure_logging(log_level: str) -> None:
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, the fields passed with `extra=`
+    (the gateway's finished-request line carries its figures so), and the traceback if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        entry.update((key, value) for key, value in vars(record).items() if key not in _RECORD_FIELDS)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
 
 
-def run(main: Callable[[], Awaitable[None]], log_level: str = "INFO") -> None:
+def add_log_format_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", default="text", choices=LOG_FORMATS,
+                        help="text: one readable line a record; json: one JSON object a line, for log collectors")
+
+
+def configure_logging(log_level: str, log_format: str = "text") -> None:
+    if log_format not in LOG_FORMATS:
+        raise ValueError(f"log format must be one of {LOG_FORMATS}, got {log_format!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(LOG_FORMAT))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
+
+
+def run(main: Callable[[], Awaitable[None]], log_level: str = "INFO", log_format: str = "text") -> None:
     """Run a service's main coroutine on uvloop until SIGINT/SIGTERM."""
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
 
     async def guarded() -> None:
         stop = asyncio.Event()

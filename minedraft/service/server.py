@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from minedraft.constants import MAX_MESSAGE_BYTES
+from minedraft.service.backoff import RECONNECT_OPTIONS, Backoff
 from minedraft.service.security import DialSecurity
 
 MESSAGE_SIZE_OPTIONS = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -133,18 +134,38 @@ async def start_server(add_servicers: Callable[[grpc.aio.Server], None], host: s
 
 
 async def wait_healthy(address: str, timeout_s: float, dial: DialSecurity | None = None) -> None:
-    """Poll a service's health endpoint until it reports SERVING (over TLS with `dial`'s)."""
+    """Return once a service reports SERVING (over TLS with `dial`'s); TimeoutError after timeout_s.
+
+    Nothing here polls: the health Watch stream waits for the channel to connect (gRPC's
+    reconnect backoff) and then pushes every change of status. Only a stream that ends or
+    fails (the service stopped while starting) is opened again, after a backoff."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    async with (dial or DialSecurity()).aio_channel(address) as channel:
+    retries = Backoff(initial_s=0.1, max_s=2.0).delays()
+    async with (dial or DialSecurity()).aio_channel(address, options=RECONNECT_OPTIONS) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while True:
+        while (remaining := deadline - loop.time()) > 0:
             try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if await _watch_until_serving(stub, remaining):
                     return
-            except grpc.aio.AioRpcError:
-                pass
-            if loop.time() > deadline:
-                raise TimeoutError(f"{address} not healthy after {timeout_s:.0f} s")
-            await asyncio.sleep(0.2)
+            except grpc.aio.AioRpcError as err:
+                if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    break
+            await asyncio.sleep(min(next(retries), max(0.0, deadline - loop.time())))
+    raise TimeoutError(f"{address} not healthy after {timeout_s:.0f} s")
+
+
+async def _watch_until_serving(stub: health_pb2_grpc.HealthStub, timeout_s: float) -> bool:
+    """Whether the server turned SERVING before its Watch stream ended; a server without Watch
+    (only Check, as some proxies have) is asked once."""
+    request = health_pb2.HealthCheckRequest(service="")
+    try:
+        async for reply in stub.Watch(request, timeout=timeout_s, wait_for_ready=True):
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                return True
+        return False
+    except grpc.aio.AioRpcError as err:
+        if err.code() != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+    reply = await stub.Check(request, timeout=timeout_s, wait_for_ready=True)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
