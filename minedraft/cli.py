@@ -7,10 +7,17 @@ import sys
 from typing import TYPE_CHECKING
 
 from minedraft import __version__
-from minedraft.constants import DATA_PLANES, DEFAULT_ADMIN, DEFAULT_GATEWAY, DTYPES, MODES
+from minedraft.constants import (
+    DATA_PLANES,
+    DEFAULT_ADMIN,
+    DEFAULT_GATEWAY,
+    DTYPES,
+    MODES,
+)
 from minedraft.help_format import ArgumentParser
 from minedraft.service.runtime import LOG_FORMATS
 from minedraft.service.security import DialSecurity, SecurityError, add_dial_args
+from minedraft.tables import text_table
 
 if TYPE_CHECKING:
     from minedraft.client import Client, DrafterInfo
@@ -102,15 +109,7 @@ def _drafters_table(drafters: list[DrafterInfo]) -> str:
     header = ("ADDRESS", "ID", "REQUESTS", "BLOCKS", "ASSIGNED")
     rows = [(d.address, d.drafter_id[:8], str(d.num_requests),
              f"{d.reserved_blocks}/{d.num_blocks}", str(d.requests_assigned)) for d in drafters]
-    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
-    text_columns = 2  # address and id align left, the numbers right
-
-    def line(row: tuple[str, ...]) -> str:
-        cells = [cell.ljust(w) if i < text_columns else cell.rjust(w)
-                 for i, (cell, w) in enumerate(zip(row, widths))]
-        return "  ".join(cells).rstrip()
-
-    return "\n".join(line(row) for row in (header, *rows))
+    return "\n".join(text_table([header, *rows], left=2))      # address and id left, numbers right
 
 
 def _drafters(args: argparse.Namespace) -> int:

@@ -19,6 +19,7 @@ from minedraft import bundled
 from minedraft.constants import DEFAULT_GATEWAY, HTTP_PORT
 from minedraft.launcher.examples import curl_example, openai_example
 from minedraft.metrics import AcceptanceStats
+from minedraft.tables import text_table
 
 
 def run(args: argparse.Namespace) -> int:
@@ -27,10 +28,11 @@ def run(args: argparse.Namespace) -> int:
           f"concurrency {args.concurrency}, k={args.k}\n")
     rows = _in_process(args, prompts) if args.in_process else _services(args, prompts)
     reference = rows[0][3]
-    print(f"\n{'mode':<6}{'tokens/s':>10}{'mean acc. len':>15}  greedy output == ar")
+    table = [("mode", "tokens/s", "mean acc. len", "greedy output == ar")]
     for mode, tps, mal, outputs in rows:
         same = "reference" if mode == "ar" else ("yes" if outputs == reference else "NO")
-        print(f"{mode:<6}{tps:>10.1f}{mal:>15.2f}  {same}")
+        table.append((mode, f"{tps:.1f}", f"{mal:.2f}", same))
+    print("\n" + "\n".join(text_table(table)))
     _print_try_it()
     return 0 if all(r[3] == reference for r in rows) else 1
 

@@ -4,8 +4,7 @@ docs/benchmarks.md (scripts/bench_table.py). A column no row has a figure for is
 both, so a run without auto or a cost model shows no empty auto columns, and a run of one
 round no spread.
 
-`text_table` and `markdown_lines` lay out any table of strings: both views are built on them,
-and any other table the project prints should be, so that tables are built one way."""
+Both views are laid out by minedraft/tables.py, as every table the project prints."""
 
 from __future__ import annotations
 
@@ -13,27 +12,15 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
-
-
-def text_table(rows: Sequence[Sequence[str]], widths: Sequence[int] | None = None, left: int = 1,
-               separator: str = "  ") -> list[str]:
-    """Rows of cells (a header is just the first row) as lines of aligned columns: the first
-    `left` columns flush left, the others flush right (numbers), each `widths[i]` wide
-    (default: its widest cell)."""
-    if not rows:
-        return []
-    if widths is None:
-        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [separator.join(cell.ljust(width) if i < left else cell.rjust(width)
-                           for i, (cell, width) in enumerate(zip(row, widths))).rstrip()
-            for row in rows]
-
-
-def markdown_lines(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
-    """A markdown (GitHub) table; cells are not padded."""
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
-            *("| " + " | ".join(row) + " |" for row in rows)]
+from minedraft.bench.headline import (
+    GENERATE,
+    ONE_CORE_AR,
+    TOKENS_PER_S,
+    headline,
+    num_rounds,
+    runs_of,
+)
+from minedraft.tables import markdown_lines, text_table
 
 
 @dataclass(frozen=True)
