@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from tqdm import tqdm
 
 from minedraft.config import ModelConfig
 from minedraft.model.hub import resolve_checkpoint
@@ -92,6 +93,9 @@ def _load_checkpoint(model: CausalLM, path: Path, plan: ShardPlan) -> None:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
     params = dict(model.named_parameters(remove_duplicate=False))
     filled: set[str] = set()
+    # A progress bar on a terminal (a 32B checkpoint takes minutes), from one rank only.
+    progress = tqdm(total=sum(f.stat().st_size for f in files), unit="B", unit_scale=True, leave=False,
+                    desc=f"loading {path.name}", disable=None if plan.rank == 0 else True)
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
@@ -117,6 +121,8 @@ def _load_checkpoint(model: CausalLM, path: Path, plan: ShardPlan) -> None:
                                      f"!= model shape {tuple(dest.shape)} (rank {plan.rank} of {plan.size})")
                 dest.copy_(source)
                 filled.add(_label(name, rows))
+        progress.update(file.stat().st_size)
+    progress.close()
     if cfg.tie_word_embeddings and plan.size > 1 and "embed_tokens.weight" in filled:
         _copy_tied_head(model, plan)
         filled.add(_label("lm_head.weight", plan.destination_rows("lm_head.weight", None)))
