@@ -7,13 +7,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from minedraft import __version__
-from minedraft.constants import (
-    DATA_PLANES,
-    DEFAULT_ADMIN,
-    DEFAULT_GATEWAY,
-    DTYPES,
-    MODES,
-)
+from minedraft.constants import DATA_PLANES, DEFAULT_ADMIN, DEFAULT_GATEWAY, DTYPES, MODES
 from minedraft.help_format import ArgumentParser
 from minedraft.service.runtime import LOG_FORMATS
 from minedraft.service.security import DialSecurity, SecurityError, add_dial_args

@@ -391,3 +391,15 @@ def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):
     assert sum(row["layout_share"].values()) == pytest.approx(1.0)
     assert row["model_predictions"] > 0 and all(isinstance(r["draft_lengths"], list) for r in row["step_records"])
     assert {"auto_k2_c2.png", "rate_steps_c2.png", "vs_concurrency.png"} <= {p.name for p in tmp_path.glob("*.png")}
+
+
+def test_auto_may_draft_as_far_as_any_fixed_setting_it_is_compared_with():
+    """auto's k_max defaults to the longest draft of the run's fixed settings, --psd-k included
+    (a sweep once capped auto at k = 6 against psd at k = 8)."""
+    from minedraft.bench.runs import mode_ks
+
+    args = argparse.Namespace(k=[2, 4, 6], psd_k=[2, 4, 6, 8], auto_k=None)
+    assert mode_ks("auto", args) == [8]
+    assert mode_ks("psd", args) == [2, 4, 6, 8] and mode_ks("sd", args) == [2, 4, 6]
+    assert mode_ks("auto", argparse.Namespace(k=[2, 4], psd_k=None, auto_k=None)) == [4]
+    assert mode_ks("auto", argparse.Namespace(k=[2, 4], psd_k=[8], auto_k=3)) == [3]

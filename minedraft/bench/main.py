@@ -237,7 +237,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--k", type=int, nargs="+", default=[2, 4, 6])
     bench.add_argument("--psd-k", type=int, nargs="+", default=None, help="psd's draft lengths (default: --k)")
     bench.add_argument("--auto-k", type=int, default=None,
-                       help="the longest draft auto may choose (default: the largest --k)")
+                       help="the longest draft auto may choose (default: the largest --k or --psd-k)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[8])
     bench.add_argument("--num-prompts", type=int, default=0,
                        help="prompts per run (default: max(16, 2 x concurrency), so a run at C = 1 or 2 "

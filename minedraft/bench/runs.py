@@ -97,12 +97,14 @@ def num_prompts(concurrency: int, args: argparse.Namespace) -> int:
 
 
 def mode_ks(mode: str, args: argparse.Namespace) -> list[int]:
-    """The draft lengths a mode runs at: none for plain decoding, k_max (the longest --k, or
-    --auto-k) for auto, which picks each request's k itself, --psd-k (default --k) for psd."""
+    """The draft lengths a mode runs at: none for plain decoding, k_max for auto, which picks
+    each request's k itself (--auto-k, default the longest draft any fixed setting of the run
+    gets: --k and --psd-k, so auto is never capped below a setting it is compared with),
+    --psd-k (default --k) for psd."""
     if mode in ("ar", ONE_CORE_AR):
         return [0]
     if mode == "auto":
-        return [args.auto_k or max(args.k)]
+        return [args.auto_k or max([*args.k, *(args.psd_k or [])])]
     if mode == "psd" and args.psd_k:
         return list(args.psd_k)
     return list(args.k)

@@ -12,14 +12,7 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from minedraft.bench.headline import (
-    GENERATE,
-    ONE_CORE_AR,
-    TOKENS_PER_S,
-    headline,
-    num_rounds,
-    runs_of,
-)
+from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
 from minedraft.tables import markdown_lines, text_table
 
 
