@@ -23,9 +23,9 @@ from gateway.pool import DrafterPool, PoolError
 from gateway.reflection import add_reflection
 from gateway.servicer import GenerationServicer, server_info
 from gateway.tokenizer import TextTokenizer
-from minedraft.model.hub import resolve_tokenizer
 from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
 from minedraft.help_format import ArgumentParser
+from minedraft.model.hub import resolve_tokenizer
 from minedraft.service.runtime import add_log_format_arg, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args, add_server_args,
                                         check_bind)
