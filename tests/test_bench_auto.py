@@ -321,7 +321,7 @@ def test_sweep_preset_run_list():
     assert len(specs) == 7 * (1 + 1 + 3 + 3 + 4)
     assert [s.concurrency for s in specs[::12]] == [1, 2, 4, 8, 16, 32, 64]
     first = [(s.mode, s.k) for s in specs[:12]]
-    assert first == [("auto", 6), ("ar", 0), ("sd", 2), ("sd", 4), ("sd", 6), ("sd-colocated", 2),
+    assert first == [("auto", 8), ("ar", 0), ("sd", 2), ("sd", 4), ("sd", 6), ("sd-colocated", 2),
                      ("sd-colocated", 4), ("sd-colocated", 6), ("psd", 2), ("psd", 4), ("psd", 6), ("psd", 8)]
     with_peers = bench_args("--modes", "auto", "ar-1core", "--k", "2", "4", "--auto-k", "8", "--peers",
                             "--concurrency", "1", "64")
