@@ -16,9 +16,8 @@ import grpc
 from gateway.admin import DrafterPoolServicer
 from gateway.batch_manager import BatchManager, BatchManagerConfig
 from gateway.frontend import Frontend
-from gateway.http.server import serve_openai
+from gateway.http.server import serve_metrics, serve_openai
 from gateway.liveness import VerifierWatch, supervise
-from gateway.metrics import serve_metrics
 from gateway.pool import DrafterPool, PoolError
 from gateway.reflection import add_reflection
 from gateway.servicer import GenerationServicer, server_info

@@ -10,28 +10,24 @@ Three kinds, by what feeds them, so that a step costs the Batch Manager a few mi
 The start-up profile's calls (layout "profile") are not counted: no request made them.
 docs/metrics.md describes every metric; tests/test_metrics.py keeps the two in step.
 
-The HTTP front end serves `exposition()` at GET /metrics; `serve_metrics` serves the same
-on a port of its own (--metrics-port) for deployments without the HTTP front end. Both
-must run on the gateway's event loop (async endpoints): the scrape reads live state.
+The HTTP front end serves `metrics_endpoint` at GET /metrics; gateway/http/server.py's
+`serve_metrics` serves it on a port of its own (--metrics-port) for deployments without the
+HTTP front end. Both must run on the gateway's event loop (async endpoints): the scrape reads
+live state.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import uvicorn
 from prometheus_client import (CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Histogram,
                                disable_created_metrics, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from minedraft.constants import LAYOUTS
 from minedraft.metrics import AcceptanceStats
@@ -242,46 +238,3 @@ def exposition() -> tuple[bytes, str]:
 async def metrics_endpoint(request: Request) -> Response:
     body, content_type = exposition()
     return Response(body, media_type=content_type)
-
-
-class EmbeddedServer(uvicorn.Server):
-    """A uvicorn server inside a process that handles its own signals (the gateway drains on
-    SIGTERM): uvicorn must not take SIGINT/SIGTERM over while it runs."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
-async def start_embedded(app, host: str, port: int, **options) -> tuple[EmbeddedServer, asyncio.Task]:
-    """Start `app` on host:port in the running loop; returns once it listens."""
-    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", **options))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        if task.done():
-            task.result()            # raises why it could not start (port in use, ...)
-            raise RuntimeError(f"HTTP server on {host}:{port} ended before it started")
-        await asyncio.sleep(0.01)
-    return server, task
-
-
-class MetricsServer:
-    """GET /metrics on a port of its own; `close()` stops it."""
-
-    def __init__(self, server: uvicorn.Server, task: asyncio.Task) -> None:
-        self.server = server
-        self.task = task
-
-    @property
-    def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        self.server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
-
-
-async def serve_metrics(host: str, port: int) -> MetricsServer:
-    server, task = await start_embedded(Starlette(routes=[Route("/metrics", metrics_endpoint)]), host, port)
-    return MetricsServer(server, task)

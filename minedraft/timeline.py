@@ -93,7 +93,6 @@ class Timeline:
     """Running totals of the figures above; `add` one call record at a time."""
 
     def __init__(self, kept: int | None = KEPT_INTERVALS) -> None:
-        self.calls = 0
         self.drafter_busy_s = 0.0
         self.verifier_busy_s = 0.0
         self.data_plane_s = 0.0
@@ -113,7 +112,6 @@ class Timeline:
         return timeline
 
     def add(self, call: Mapping[str, Any]) -> None:
-        self.calls += 1
         self.drafter_busy_s += call.get("draft_busy_s", 0.0)
         self.verifier_busy_s += call.get("verify_busy_s", 0.0)
         self.data_plane_s += call.get("data_plane_s", 0.0)

@@ -1,6 +1,7 @@
-"""The HTTP front end's server: uvicorn on the gateway's own event loop (gateway.metrics'
-start_embedded, which leaves SIGTERM to the gateway's drain), with the public API's TLS
-certificate, and its client CA for mTLS when the gRPC port demands client certificates."""
+"""The gateway's HTTP servers: uvicorn on the gateway's own event loop, leaving SIGTERM to the
+gateway's drain. The OpenAI-compatible front end, with the public API's TLS certificate (and
+its client CA for mTLS when the gRPC port demands client certificates), and the metrics alone
+on a port of their own (--metrics-port)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.routing import Route
 
 from gateway.frontend import Frontend
 from gateway.http.app import ServedModel, create_app
 from gateway.http.auth import ApiKeys
 from gateway.http.chat_template import ChatTemplate
-from gateway.metrics import start_embedded
+from gateway.metrics import metrics_endpoint
 from minedraft.service.security import ServerSecurity
 
 
@@ -32,8 +34,29 @@ def tls_options(security: ServerSecurity) -> dict[str, Any]:
     return options
 
 
+class EmbeddedServer(uvicorn.Server):
+    """A uvicorn server inside a process that handles its own signals (the gateway drains on
+    SIGTERM): uvicorn must not take SIGINT/SIGTERM over while it runs."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+async def start_embedded(app, host: str, port: int, **options) -> tuple[EmbeddedServer, asyncio.Task]:
+    """Start `app` on host:port in the running loop; returns once it listens."""
+    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", **options))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()            # raises why it could not start (port in use, ...)
+            raise RuntimeError(f"HTTP server on {host}:{port} ended before it started")
+        await asyncio.sleep(0.01)
+    return server, task
+
+
 class HttpServer:
-    """A started HTTP front end; `close()` stops it."""
+    """A started embedded HTTP server (the front end or the metrics); `close()` stops it."""
 
     def __init__(self, server: uvicorn.Server, task: asyncio.Task, host: str, tls: bool) -> None:
         self.server = server
@@ -81,3 +104,9 @@ async def serve_openai(frontend: Frontend, model_path: str, tokenizer_dir: str, 
     model = ServedModel(model_name or Path(model_path).name, model_path, frontend.max_model_len)
     app = create_app(frontend, model, ChatTemplate.from_model_dir(tokenizer_dir), ApiKeys(security.tokens))
     return await start_http(app, host, port, security, port_file)
+
+
+async def serve_metrics(host: str, port: int) -> HttpServer:
+    """GET /metrics alone, on a port of its own (no TLS or keys: keep it on a private network)."""
+    server, task = await start_embedded(Starlette(routes=[Route("/metrics", metrics_endpoint)]), host, port)
+    return HttpServer(server, task, host, tls=False)
