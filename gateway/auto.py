@@ -57,6 +57,7 @@ class AutoPlanner:
         self._slowdown: dict[str, deque[tuple[float, float]]] = {
             layout: deque(maxlen=SLOWDOWN_WINDOW) for layout in LAYOUTS}     # (when, measured / predicted)
         self._planned_at = float("-inf")
+        self._planned_for = 0
         self._steps = 0
         self._exploring: tuple[str, float] | None = None       # (layout, since)
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
@@ -85,15 +86,19 @@ class AutoPlanner:
         return self.model.costs()
 
     # ---- planning --------------------------------------------------------------------------
-    def replan_due(self) -> bool:
+    def replan_due(self, running: int) -> bool:
+        """Every replan_interval_s, and at once when the requests running have changed by a
+        quarter or more since the last plan (a burst must not run under a plan made for few)."""
         if self.cycle_steps:
             return self._steps >= self.cycle_steps * (self.replans + 1) or not self.replans
-        return time.monotonic() - self._planned_at >= self.replan_interval_s
+        moved = abs(running - self._planned_for) >= max(2, 0.25 * self._planned_for)
+        return moved or time.monotonic() - self._planned_at >= self.replan_interval_s
 
     def replan(self, requests: list[ActiveRequest], k_cap: int) -> Plan:
         """A new plan for these requests. k_cap: the longest draft any request may get now
         (0 while no drafter can draft)."""
         self._planned_at = time.monotonic()
+        self._planned_for = len(requests)
         self.replans += 1
         if self.cycle_steps:
             plan = Plan(LAYOUTS[self.replans % len(LAYOUTS)], {}, ((),), 0.0, 0.0, threshold=0.0, cap=k_cap)

@@ -116,6 +116,8 @@ class BatchManager:
             if req is None:
                 return
             batch.requests.append(req)
+            # Counted as they arrive, not when prefilled: a burst weighs on the plan made for it.
+            self.planner.model.observe_prompts(len(req.seq.token_ids))
 
     def _batch_for_new_request(self) -> Batch | None:
         """The batch with the fewest requests that has room. In auto mode max_batch bounds
@@ -267,8 +269,10 @@ class BatchManager:
                 self._fail_batch(batch, err)
 
     def _maybe_replan(self) -> None:
-        if self.auto and self.planner.replan_due():
-            running = [r for b in self.batches for r in b.to_draft()]
+        if not self.auto:
+            return
+        running = [r for b in self.batches for r in b.to_draft()]
+        if self.planner.replan_due(len(running)):
             self.planner.replan(running, self._k_cap())
 
     def _k_cap(self) -> int:

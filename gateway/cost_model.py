@@ -32,6 +32,7 @@ from collections import deque
 from dataclasses import dataclass
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
+PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over less than this
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
 
@@ -174,8 +175,13 @@ class CostModel:
             self._prompts.popleft()
 
     def prompt_tokens_per_s(self, now: float | None = None) -> float:
+        """Over the last PROMPT_WINDOW_S, or since the oldest arrival in it (at least a second):
+        a burst after an idle spell counts at its own rate, not spread over the quiet before."""
         now = time.monotonic() if now is None else now
-        return sum(n for when, n in self._prompts if when >= now - PROMPT_WINDOW_S) / PROMPT_WINDOW_S
+        recent = [(when, n) for when, n in self._prompts if when >= now - PROMPT_WINDOW_S]
+        if not recent:
+            return 0.0
+        return sum(n for _, n in recent) / max(PROMPT_MIN_SPAN_S, now - recent[0][0])
 
     @property
     def draft_calls(self) -> int:

@@ -133,8 +133,6 @@ class EngineCalls:
             sources=sources, after_step_id=after_step_id, borrow_cpus=borrow_cpus)
         ks = [item.num_draft for item in message.items if not item.drop]
         new_tokens = sum(len(r.token_ids) for r in new_requests)
-        if observe and layout != "profile":
-            self.model.observe_prompts(new_tokens)
         predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
         response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")

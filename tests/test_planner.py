@@ -181,7 +181,7 @@ def test_forced_cycle_rotates_every_layout():
     planner = AutoPlanner(K_MAX, cycle_steps=2)
     seen = []
     for _ in range(12):
-        if planner.replan_due():
+        if planner.replan_due(1):
             seen.append(planner.replan([_active(0)], K_MAX).layout)
         planner.observe_step_time(seen[-1], 1.0, 1.0)
     assert set(seen) == {"ar", "sd", "psd"}
@@ -277,3 +277,32 @@ def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(monkeypatch):
         planner.observe_step_time(layout, 1.0, 1.0)
     assert set(tried) == set(rechecked) and not set(tried) & set(ignored)
     assert planner.replan(requests, K_MAX).layout == best.layout        # timed now: no trial again
+
+
+def test_a_burst_of_prompts_counts_at_its_own_rate():
+    """Prompts that arrive at once after a quiet spell weigh as a burst (their tokens over a
+    second), not spread over the whole window; steady arrivals average over the window."""
+    model = CostModel()
+    model.observe_prompts(5000, now=100.0)                  # long ago: out of the window
+    model.observe_prompts(1600, now=200.0)
+    assert model.prompt_tokens_per_s(now=200.1) == pytest.approx(1600)
+    for second in range(1, 11):
+        model.observe_prompts(100, now=300.0 + second)
+    assert model.prompt_tokens_per_s(now=311.0) == pytest.approx(1000 / 10)
+
+
+def test_a_plan_is_remade_at_once_when_the_running_requests_change_a_lot(monkeypatch):
+    """A plan made for one request must not run a burst of sixty-four until the next
+    interval: a change of a quarter (at least two requests) replans at once."""
+    from gateway import auto
+
+    clock = [50.0]
+    monkeypatch.setattr(auto.time, "monotonic", lambda: clock[0])
+    planner = auto.AutoPlanner(K_MAX)
+    planner.replan([_active(0)], K_MAX)
+    assert not planner.replan_due(1) and not planner.replan_due(2)
+    assert planner.replan_due(64)
+    planner.replan([_active(i) for i in range(64)], K_MAX)
+    assert not planner.replan_due(60) and planner.replan_due(40)
+    clock[0] += planner.replan_interval_s
+    assert planner.replan_due(64)
