@@ -6,12 +6,15 @@ there to read in GetServerInfo and the step records. In auto mode the Batch Mana
 asks for a new plan (gateway/planner.py) every `replan_interval_s`, and each request's draft
 length follows the plan's rule and its own acceptance at every step in between.
 
-How a layout really runs is measured too: per layout, the recent steps' measured time over
-what the model predicted for exactly those steps (its "slowdown": contention, imperfect
-overlap, the gateway's own work). The planner divides each layout's predicted rate by it, so
-a layout that runs worse than its arithmetic stops being chosen. A layout not measured lately
-whose predicted rate comes within EXPLORE_WITHIN of the best is tried for a few steps, so the
-choice rests on measurements of every contender rather than on the model alone.
+How a layout really runs is measured too, on the objective itself: the tokens requests
+received while a layout was in force, over the tokens the model predicted for that time (the
+plan's rate for those requests times the seconds it ran). Its inverse, the layout's
+"slowdown", takes in everything the step-time arithmetic leaves out (contention, imperfect
+overlap, prefill stalls, the gateway's own work, acceptance misjudged), and the planner
+divides each layout's predicted rate by it, so a layout that delivers less than its arithmetic
+says stops being chosen. A layout not measured lately whose predicted rate comes within
+EXPLORE_WITHIN of the best is tried for a while, so the choice rests on measurements of every
+contender rather than on the model alone.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import time
 import zlib
 from collections import deque
+from dataclasses import dataclass
 
 from gateway.acceptance_estimate import AcceptanceEstimate
 from gateway.cost_model import CostModel, StepCosts
@@ -29,17 +33,28 @@ from minedraft.constants import LAYOUTS
 from minedraft.v1 import generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")
-SLOWDOWN_WINDOW = 32        # steps per layout the slowdown is the median of
+SEGMENTS_KEPT = 64          # measured spells per layout the slowdown is read from
+SLOWDOWN_MAX_AGE_S = 30.0   # older spells no longer count (the load has moved on)
+MEASURED_ENOUGH_S = 0.4     # a layout's slowdown is read once this long of its running is measured
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
-SLOWDOWN_MAX_AGE_S = 30.0   # older step timings no longer count (the load has moved on)
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
-EXPLORE_STEPS = 6           # ... until this many of its steps are timed
-EXPLORE_MAX_S = 1.0         # ... or for this long at most
-RECHECK_AFTER_S = 10.0      # a layout predicted at least RECHECK_WITHIN of the best but not timed
+EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
+RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
 RECHECK_WITHIN = 0.5        # for this long is tried too: a model wrong about a layout it never runs
-                            # would otherwise never learn better (a few steps every 10 s: ~1%)
+                            # would otherwise never learn better (about a second every 15 s)
+
+
+@dataclass
+class _Spell:
+    """A plan in force from `since` until the next plan: what it delivered against its promise."""
+    layout: str
+    since: float
+    predicted_tokens_per_s: float   # the model's rate for this layout and these requests, unslowed
+    counted: bool                   # not the first spell after a switch or an idle spell (the
+                                    # pipeline refills and drafting catches up: the switch's cost)
+    tokens: int = 0
 
 
 class AutoPlanner:
@@ -54,33 +69,60 @@ class AutoPlanner:
         self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
         self.replans = 0
         self.layout_switches = 0
-        self._slowdown: dict[str, deque[tuple[float, float]]] = {
-            layout: deque(maxlen=SLOWDOWN_WINDOW) for layout in LAYOUTS}     # (when, measured / predicted)
+        # Per layout, its measured spells: (ended, tokens delivered, tokens predicted, seconds).
+        self._measured: dict[str, deque[tuple[float, int, float, float]]] = {
+            layout: deque(maxlen=SEGMENTS_KEPT) for layout in LAYOUTS}
+        self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
         self._steps = 0
         self._exploring: tuple[str, float] | None = None       # (layout, since)
+        self._steady = False            # the last plan ran requests (not the first after idling)
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
         self.explorations = 0
         self._started = time.monotonic()
 
     # ---- measuring -------------------------------------------------------------------------
-    def observe_step_time(self, layout: str, measured_s: float, predicted_s: float) -> None:
-        """One step (a cycle of both batches in psd) as it ran against the model's prediction;
-        not counted while the model has too few calls behind it (that is the model's error,
-        not the layout's)."""
-        mature = self.model.verify_calls >= MATURE_CALLS and (layout == "ar" or self.model.draft_calls >= MATURE_CALLS)
-        if measured_s > 0 and predicted_s > 0 and mature:
-            self._slowdown[layout].append((time.monotonic(), measured_s / predicted_s))
+    def step_done(self) -> None:
         self._steps += 1
 
-    def _recent(self, layout: str) -> list[float]:
-        since = time.monotonic() - SLOWDOWN_MAX_AGE_S
-        return [ratio for when, ratio in self._slowdown[layout] if when >= since]
+    def observe_tokens(self, n: int) -> None:
+        """Tokens a verify step gave its requests (accepted drafts and the target's own)."""
+        if self._spell is not None:
+            self._spell.tokens += n
+
+    def idle(self) -> None:
+        """Nothing is running: the spell in force ends unmeasured (idle time is no layout's),
+        and so does the first one after it (the pipeline refills)."""
+        self._spell = None
+        self._steady = False
+
+    def _end_spell(self, now: float) -> None:
+        spell, self._spell = self._spell, None
+        mature = self.model.verify_calls >= MATURE_CALLS and (spell is None or spell.layout == "ar"
+                                                              or self.model.draft_calls >= MATURE_CALLS)
+        if spell is None or not spell.counted or not mature or spell.predicted_tokens_per_s <= 0:
+            return
+        seconds = now - spell.since
+        if seconds > 0:
+            self._measured[spell.layout].append((now, spell.tokens, spell.predicted_tokens_per_s * seconds, seconds))
+
+    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, int, float, float]]:
+        since = time.monotonic() - SLOWDOWN_MAX_AGE_S if since is None else since
+        return [spell for spell in self._measured[layout] if spell[0] >= since]
+
+    def _measured_s(self, layout: str, since: float | None = None) -> float:
+        return sum(seconds for *_, seconds in self._recent(layout, since))
 
     def slowdown(self, layout: str) -> float:
-        ratios = sorted(self._recent(layout))
-        return min(3.0, max(0.5, ratios[len(ratios) // 2])) if ratios else 1.0
+        """Tokens predicted over tokens delivered in the layout's recent spells (1 until
+        MEASURED_ENOUGH_S of it is measured)."""
+        recent = self._recent(layout)
+        if sum(seconds for *_, seconds in recent) < MEASURED_ENOUGH_S:
+            return 1.0
+        delivered = sum(tokens for _, tokens, _, _ in recent)
+        predicted = sum(predicted for _, _, predicted, _ in recent)
+        return min(3.0, max(0.5, predicted / max(delivered, 1)))
 
     def costs(self) -> StepCosts:
         return self.model.costs()
@@ -97,7 +139,9 @@ class AutoPlanner:
     def replan(self, requests: list[ActiveRequest], k_cap: int) -> Plan:
         """A new plan for these requests. k_cap: the longest draft any request may get now
         (0 while no drafter can draft)."""
-        self._planned_at = time.monotonic()
+        now = time.monotonic()
+        self._end_spell(now)
+        self._planned_at = now
         self._planned_for = len(requests)
         self.replans += 1
         if self.cycle_steps:
@@ -116,7 +160,12 @@ class AutoPlanner:
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown)
                 plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
                             best.considered, plan.threshold, plan.cap)
-        if plan.layout != self.plan.layout:
+        switched = plan.layout != self.plan.layout
+        if requests and not self.cycle_steps:
+            unslowed = plan.tokens_per_s * slowdown.get(plan.layout, 1.0)
+            self._spell = _Spell(plan.layout, now, unslowed, counted=not switched and self._steady)
+        self._steady = bool(requests)
+        if switched:
             self.layout_switches += 1
             logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown %s%s)", self.plan.layout,
                         plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
@@ -130,24 +179,24 @@ class AutoPlanner:
         now = time.monotonic()
         if self._exploring is not None:
             layout, since = self._exploring
-            timed = sum(1 for when, _ in self._slowdown[layout] if when >= since)
-            if layout in best.considered and timed < EXPLORE_STEPS and now - since < EXPLORE_MAX_S:
+            measured = self._measured_s(layout, since)
+            if layout in best.considered and measured < MEASURED_ENOUGH_S and now - since < EXPLORE_MAX_S:
                 return layout
             self._exploring = None
         for layout, rate in best.considered.items():
             if layout == best.layout:
                 continue
-            close = rate >= EXPLORE_WITHIN * best.tokens_per_s and len(self._recent(layout)) < EXPLORE_STEPS
-            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_timed(layout) > RECHECK_AFTER_S
+            close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
+            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > RECHECK_AFTER_S
             if close or stale:
                 self._exploring = (layout, now)
                 self.explorations += 1
                 return layout
         return None
 
-    def _last_timed(self, layout: str) -> float:
-        timed = self._slowdown[layout]
-        return timed[-1][0] if timed else self._started
+    def _last_measured(self, layout: str) -> float:
+        spells = self._measured[layout]
+        return spells[-1][0] if spells else self._started
 
     def _layout_to_keep(self, best: Plan) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise). A

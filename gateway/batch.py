@@ -27,11 +27,6 @@ class Batch:
     drafted: list[DraftedItem] | None = None      # drafted, awaiting verification
     sources: list[engine_pb2.DraftSource] = field(default_factory=list)
     has_work: asyncio.Event = field(default_factory=asyncio.Event)
-    # Its last step, for timing the next against the cost model (gateway/auto.py).
-    last_done: float | None = None                # when it ended (None: the batch idled since)
-    last_layout: str = ""
-    draft_predicted_s: float = 0.0                # the cost model's busy times of its last draft ...
-    verify_predicted_s: float = 0.0               # ... and verify
 
     def to_draft(self) -> list[ActiveRequest]:
         return [r for r in self.requests if r.live]

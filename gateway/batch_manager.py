@@ -250,9 +250,9 @@ class BatchManager:
             self._kick()
             self._rebalance(batch)
             if not batch.to_draft():
-                batch.last_done = None              # idle: the next step's time is not a cycle
                 batch.has_work.clear()
                 if not any(b.to_draft() or b.drafted is not None for b in self.batches):
+                    self.planner.idle()
                     await self.flush_frees()        # nothing in flight to carry them
                 await batch.has_work.wait()
                 continue
@@ -293,7 +293,6 @@ class BatchManager:
         that finishes at step n had one more token computed at step n + 1; it is dropped."""
         in_flight: deque[asyncio.Future] = deque()
         previous = 0
-        batch.last_done = None
         while True:
             live = batch.to_draft()
             if live and len(in_flight) < 2 and self.layout == "ar":
@@ -303,7 +302,7 @@ class BatchManager:
                 # may compute on the drafter's cores too.
                 borrow = self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
                 in_flight.append(asyncio.ensure_future(
-                    self._verify_items(step_id, items, [], previous, batch=batch, borrow_cpus=borrow)))
+                    self._verify_items(step_id, items, [], previous, borrow_cpus=borrow)))
                 previous = step_id
                 continue
             if not in_flight:
@@ -331,17 +330,15 @@ class BatchManager:
 
     async def _verify(self, step_id: int, batch: Batch) -> None:
         try:
-            await self._verify_items(step_id, batch.drafted or [], batch.sources, batch=batch)
+            await self._verify_items(step_id, batch.drafted or [], batch.sources)
         finally:
             batch.drafted = None
 
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
-                            after_step_id: int = 0, batch: Batch | None = None, borrow_cpus: bool = False) -> None:
+                            after_step_id: int = 0, borrow_cpus: bool = False) -> None:
         layout = self._step_layout()
-        response, predicted = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
-        if batch is not None:
-            batch.verify_predicted_s = predicted
-            self._time_step(batch, layout)
+        response, _ = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
+        self.planner.step_done()
         results = {r.request_id: r for r in response.results}
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:
@@ -358,27 +355,6 @@ class BatchManager:
             return "sd"
         return self.layout
 
-    def _time_step(self, batch: Batch, layout: str) -> None:
-        """A batch's step ended: the time since its previous one ended (when it went straight
-        on, in the same layout) against what the cost model predicted for its calls, put
-        together as the planner does: in psd a whole cycle, both batches' drafts and
-        verifies overlapped."""
-        now = time.perf_counter()
-        previous, batch.last_done = batch.last_done, now
-        same_layout, batch.last_layout = batch.last_layout == layout, layout
-        draft, verify = batch.draft_predicted_s, batch.verify_predicted_s
-        if previous is None or not same_layout:
-            return
-        g = self.planner.costs().gateway_per_step
-        if layout == "ar":
-            predicted = verify
-        elif layout == "sd":
-            predicted = draft + verify + 2 * g
-        else:
-            other = self.batches[1 - batch.index]
-            predicted = max(draft, other.verify_predicted_s) + max(other.draft_predicted_s, verify) + g
-        self.planner.observe_step_time(layout, now - previous, predicted)
-
     def _apply(self, req: ActiveRequest, k: int, tokens: list[int], step: AcceptanceStats) -> None:
         if req.cancelled and not req.done:
             self._retire(req, FinishReason.ABORT)
@@ -388,6 +364,7 @@ class BatchManager:
         if k:
             self.planner.acceptance.record(req.seq.stats, k, len(tokens) - 1)
             step.record(k, len(tokens) - 1)
+        self.planner.observe_tokens(len(tokens))
         kept = req.seq.append(tokens)
         if req.drafter is not None:
             req.pending_diff.extend(tokens)
@@ -412,9 +389,8 @@ class BatchManager:
         sources = []
         self._drafting += 1
         try:
-            answers, batch.draft_predicted_s = (await self.calls.draft_all(step_id, by_drafter, len(live),
-                                                                           self._step_layout())
-                                                if by_drafter else ([], 0.0))
+            answers, _ = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout())
+                          if by_drafter else ([], 0.0))
         finally:
             self._drafting -= 1
         for drafter, result in answers:

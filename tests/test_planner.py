@@ -3,6 +3,7 @@ cases, and fits that recover the costs they were given."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -152,17 +153,54 @@ def _planner_with(costs: StepCosts):
     return planner
 
 
-def test_a_layout_that_runs_slower_than_predicted_stops_being_chosen():
-    """psd predicted best; once its steps are measured at twice the prediction, auto leaves it."""
+def _run_for(planner, clock, requests, seconds: float, delivered: float, spells: int = 1) -> list[str]:
+    """Plan and run `spells` times for `seconds` each, the requests receiving `delivered` times
+    the tokens the plan predicted; -> the layouts run."""
+    ran = []
+    for _ in range(spells):
+        plan = planner.replan(requests, K_MAX)
+        ran.append(plan.layout)
+        unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
+        planner.observe_tokens(round(unslowed * seconds * delivered))
+        clock[0] += seconds
+    return ran
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    from gateway import auto
+
+    now = [1000.0]
+    monkeypatch.setattr(auto.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_a_layout_that_delivers_less_than_predicted_stops_being_chosen(clock):
+    """psd predicted best; once its spells deliver half the tokens predicted, auto leaves it.
+    The first spell after the switch to it is not counted (the pipeline refills)."""
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
-    assert planner.replan(requests, K_MAX).layout == "psd"
-    for _ in range(20):
-        planner.observe_step_time("psd", measured_s=2.0, predicted_s=1.0)
+    assert _run_for(planner, clock, requests, 0.2, delivered=0.5, spells=3) == ["psd"] * 3
+    assert planner.slowdown("psd") == 1.0                    # 0.2 s counted: not enough yet
+    _run_for(planner, clock, requests, 0.2, delivered=0.5)
+    assert planner.slowdown("psd") == pytest.approx(2.0, rel=0.01)
     plan = planner.replan(requests, K_MAX)
     assert plan.layout != "psd" and planner.layout_switches == 2
+
+
+def test_idle_time_is_no_layouts(clock):
+    """A spell that ends in idleness is not measured, nor is the first after it."""
+    costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    layout = _run_for(planner, clock, requests, 0.3, delivered=1.0, spells=3)[-1]
+    planner.replan(requests, K_MAX)
+    planner.idle()
+    clock[0] += 60.0                                         # nothing delivered meanwhile
+    _run_for(planner, clock, requests, 0.3, delivered=1.0, spells=2)
+    assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.01)
 
 
 def test_requests_get_their_own_draft_lengths_within_their_caps():
@@ -183,13 +221,14 @@ def test_forced_cycle_rotates_every_layout():
     for _ in range(12):
         if planner.replan_due(1):
             seen.append(planner.replan([_active(0)], K_MAX).layout)
-        planner.observe_step_time(seen[-1], 1.0, 1.0)
+        planner.step_done()
     assert set(seen) == {"ar", "sd", "psd"}
 
 
-def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measurements():
-    """A layout predicted nearly as fast as the best but never run: auto tries it for a few
-    steps, then judges it on what it measured (here: three times slower, so it is left)."""
+def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measurements(clock):
+    """A layout predicted nearly as fast as the best but never run: auto tries it until
+    MEASURED_ENOUGH_S of it is measured, then judges it on what it measured (here: a third
+    of the tokens predicted, so it is left)."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
@@ -200,12 +239,12 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     contenders = [layout for layout, rate in best.considered.items()
                   if layout != best.layout and rate >= auto.EXPLORE_WITHIN * best.tokens_per_s]
     assert contenders, best.considered
-    tried = planner.replan(requests, K_MAX).layout
-    assert tried in contenders and planner.explorations == 1
-    assert planner.replan(requests, K_MAX).layout == tried            # still being tried
-    for _ in range(auto.EXPLORE_STEPS):
-        planner.observe_step_time(tried, measured_s=3.0, predicted_s=1.0)
+    spells = math.ceil(auto.MEASURED_ENOUGH_S / 0.15) + 1               # the first is not counted
+    ran = _run_for(planner, clock, requests, 0.15, delivered=1 / 3, spells=spells)
+    tried = ran[0]
+    assert tried in contenders and set(ran) == {tried} and planner.explorations == 1
     assert planner.replan(requests, K_MAX).layout != tried
+    assert planner.slowdown(tried) == pytest.approx(3.0, rel=0.02)
 
 
 def test_lent_cores_cost_the_own_cores_times_one_robust_ratio():
@@ -246,14 +285,12 @@ def test_arriving_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
         choose_plan(quiet, requests, K_MAX).considered["ar"] * 0.7)
 
 
-def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(monkeypatch):
+def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     """A model wrong about a layout auto never runs would never learn better: a layout
-    predicted at least half as fast as the best and not timed for RECHECK_AFTER_S gets a
+    predicted at least half as fast as the best and not measured for RECHECK_AFTER_S gets a
     trial; one predicted far below that does not."""
     from gateway import auto
 
-    clock = [1000.0]
-    monkeypatch.setattr(auto.time, "monotonic", lambda: clock[0])
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
     planner = _planner_with(costs)
@@ -263,20 +300,18 @@ def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(monkeypatch):
     rechecked = [layout for layout, ratio in ratios.items() if auto.RECHECK_WITHIN <= ratio < auto.EXPLORE_WITHIN]
     ignored = [layout for layout, ratio in ratios.items() if ratio < auto.RECHECK_WITHIN]
     assert rechecked, ratios                          # the hand case has one of each kind
-    for _ in range(3):                                # within RECHECK_AFTER_S of the start: the best only
-        assert planner.replan(requests, K_MAX).layout == best.layout
-        planner.observe_step_time(best.layout, 1.0, 1.0)
-        clock[0] += 1.0
+    # within RECHECK_AFTER_S of the start: the best only
+    assert set(_run_for(planner, clock, requests, 1.0, delivered=1.0, spells=3)) == {best.layout}
+    planner.idle()
     clock[0] += auto.RECHECK_AFTER_S
     tried = []
-    for _ in range(len(ratios) * (auto.EXPLORE_STEPS + 1)):   # each stale layout once, timed as predicted
-        layout = planner.replan(requests, K_MAX).layout
+    for _ in range(len(ratios) * 8):                  # each stale layout once, delivering as predicted
+        layout = _run_for(planner, clock, requests, 0.1, delivered=1.0)[0]
         if layout == best.layout:
             break
         tried.append(layout)
-        planner.observe_step_time(layout, 1.0, 1.0)
     assert set(tried) == set(rechecked) and not set(tried) & set(ignored)
-    assert planner.replan(requests, K_MAX).layout == best.layout        # timed now: no trial again
+    assert planner.replan(requests, K_MAX).layout == best.layout        # measured now: no trial again
 
 
 def test_a_burst_of_prompts_counts_at_its_own_rate():
