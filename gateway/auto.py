@@ -6,13 +6,16 @@ there to read in GetServerInfo and the step records. In auto mode the Batch Mana
 asks for a new plan (gateway/planner.py) every `replan_interval_s`, and each request's draft
 length follows the plan's rule and its own acceptance at every step in between.
 
-How a layout really runs is measured too, on the objective itself: the tokens requests
-received while a layout was in force, over the tokens the model predicted for that time (the
-plan's rate for those requests times the seconds it ran). Its inverse, the layout's
-"slowdown", takes in everything the step-time arithmetic leaves out (contention, imperfect
-overlap, prefill stalls, the gateway's own work, acceptance misjudged), and the planner
-divides each layout's predicted rate by it, so a layout that delivers less than its arithmetic
-says stops being chosen. A layout not measured lately whose predicted rate comes within
+How a layout really runs is measured too, on what it delivered: while a plan is in force
+(a "spell"), the tokens its requests received and the prompt tokens that arrived, and what
+the model says those should have taken in that layout (tokens over the plan's decode rate,
+plus each prompt token at the layout's own prefill price). The measured seconds over the
+predicted ones, over the layout's recent spells, is its "slowdown": it takes in everything
+the step arithmetic leaves out (contention, imperfect overlap, stalls, the gateway's own
+work, acceptance misjudged), and the planner divides the layout's predicted rate by it, so a
+layout that delivers less than its arithmetic says stops being chosen. Prompts are priced
+per layout so that a burst of arrivals weighs on each layout at its own cost, whichever was
+in force when it came. A layout not measured lately whose predicted rate comes within
 EXPLORE_WITHIN of the best is tried for a while, so the choice rests on measurements of every
 contender rather than on the model alone.
 """
@@ -51,10 +54,15 @@ class _Spell:
     """A plan in force from `since` until the next plan: what it delivered against its promise."""
     layout: str
     since: float
-    predicted_tokens_per_s: float   # the model's rate for this layout and these requests, unslowed
+    decode_tokens_per_s: float      # the model's decode rate for this layout and these requests
+    prefill_s_per_token: float      # ... and its price of a prompt token in this layout
     counted: bool                   # not the first spell after a switch or an idle spell (the
                                     # pipeline refills and drafting catches up: the switch's cost)
-    tokens: int = 0
+    tokens: int = 0                 # delivered to requests meanwhile
+    prompt_tokens: int = 0          # arrived meanwhile
+
+    def predicted_s(self) -> float:
+        return self.tokens / self.decode_tokens_per_s + self.prompt_tokens * self.prefill_s_per_token
 
 
 class AutoPlanner:
@@ -69,8 +77,8 @@ class AutoPlanner:
         self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
         self.replans = 0
         self.layout_switches = 0
-        # Per layout, its measured spells: (ended, tokens delivered, tokens predicted, seconds).
-        self._measured: dict[str, deque[tuple[float, int, float, float]]] = {
+        # Per layout, its measured spells: (ended, seconds predicted, seconds measured).
+        self._measured: dict[str, deque[tuple[float, float, float]]] = {
             layout: deque(maxlen=SEGMENTS_KEPT) for layout in LAYOUTS}
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
@@ -91,6 +99,12 @@ class AutoPlanner:
         if self._spell is not None:
             self._spell.tokens += n
 
+    def observe_prompt(self, tokens: int) -> None:
+        """A request was admitted with this many prompt tokens (prefilled at its next step)."""
+        self.model.observe_prompts(tokens)
+        if self._spell is not None:
+            self._spell.prompt_tokens += tokens
+
     def idle(self) -> None:
         """Nothing is running: the spell in force ends unmeasured (idle time is no layout's),
         and so does the first one after it (the pipeline refills)."""
@@ -101,13 +115,12 @@ class AutoPlanner:
         spell, self._spell = self._spell, None
         mature = self.model.verify_calls >= MATURE_CALLS and (spell is None or spell.layout == "ar"
                                                               or self.model.draft_calls >= MATURE_CALLS)
-        if spell is None or not spell.counted or not mature or spell.predicted_tokens_per_s <= 0:
+        if spell is None or not spell.counted or not mature or spell.decode_tokens_per_s <= 0:
             return
-        seconds = now - spell.since
-        if seconds > 0:
-            self._measured[spell.layout].append((now, spell.tokens, spell.predicted_tokens_per_s * seconds, seconds))
+        if now > spell.since:
+            self._measured[spell.layout].append((now, spell.predicted_s(), now - spell.since))
 
-    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, int, float, float]]:
+    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, float, float]]:
         since = time.monotonic() - SLOWDOWN_MAX_AGE_S if since is None else since
         return [spell for spell in self._measured[layout] if spell[0] >= since]
 
@@ -115,14 +128,14 @@ class AutoPlanner:
         return sum(seconds for *_, seconds in self._recent(layout, since))
 
     def slowdown(self, layout: str) -> float:
-        """Tokens predicted over tokens delivered in the layout's recent spells (1 until
+        """Measured over predicted seconds of the layout's recent spells (1 until
         MEASURED_ENOUGH_S of it is measured)."""
         recent = self._recent(layout)
-        if sum(seconds for *_, seconds in recent) < MEASURED_ENOUGH_S:
+        measured = sum(seconds for *_, seconds in recent)
+        if measured < MEASURED_ENOUGH_S:
             return 1.0
-        delivered = sum(tokens for _, tokens, _, _ in recent)
-        predicted = sum(predicted for _, _, predicted, _ in recent)
-        return min(3.0, max(0.5, predicted / max(delivered, 1)))
+        predicted = sum(predicted for _, predicted, _ in recent)
+        return min(3.0, max(0.5, measured / max(predicted, 1e-9)))
 
     def costs(self) -> StepCosts:
         return self.model.costs()
@@ -162,8 +175,10 @@ class AutoPlanner:
                             best.considered, plan.threshold, plan.cap)
         switched = plan.layout != self.plan.layout
         if requests and not self.cycle_steps:
-            unslowed = plan.tokens_per_s * slowdown.get(plan.layout, 1.0)
-            self._spell = _Spell(plan.layout, now, unslowed, counted=not switched and self._steady)
+            costs = self.costs()
+            decode = plan.tokens_per_s * slowdown[plan.layout] / (1.0 - costs.prefill_share(plan.layout))
+            self._spell = _Spell(plan.layout, now, decode, costs.prefill_per_token(plan.layout),
+                                 counted=not switched and self._steady)
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1

@@ -117,7 +117,7 @@ class BatchManager:
                 return
             batch.requests.append(req)
             # Counted as they arrive, not when prefilled: a burst weighs on the plan made for it.
-            self.planner.model.observe_prompts(len(req.seq.token_ids))
+            self.planner.observe_prompt(len(req.seq.token_ids))
 
     def _batch_for_new_request(self) -> Batch | None:
         """The batch with the fewest requests that has room. In auto mode max_batch bounds

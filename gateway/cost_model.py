@@ -120,16 +120,17 @@ class StepCosts:
 
     def prefill_share(self, layout: str) -> float:
         """The share of a second the busiest service spends on arriving prompts in this
-        layout (the rest decodes): ar prefills on the lent cores, sd on the verifier and then
-        the drafter, psd on both at once."""
+        layout (the rest decodes)."""
+        return min(0.95, self.prompt_tokens_per_s * self.prefill_per_token(layout))
+
+    def prefill_per_token(self, layout: str) -> float:
+        """What a prompt token costs the busiest service in this layout: ar prefills on the
+        lent cores, sd on the verifier and then the drafter, psd on both at once."""
         if layout == "ar":
-            per_token = self.verify_per_new_token if self.borrowed_per_new_token is None \
-                else self.borrowed_per_new_token
-        elif layout == "sd":
-            per_token = self.verify_per_new_token + self.draft_per_new_token
-        else:
-            per_token = max(self.verify_per_new_token, self.draft_per_new_token)
-        return min(0.95, self.prompt_tokens_per_s * per_token)
+            return self.verify_per_new_token if self.borrowed_per_new_token is None else self.borrowed_per_new_token
+        if layout == "sd":
+            return self.verify_per_new_token + self.draft_per_new_token
+        return max(self.verify_per_new_token, self.draft_per_new_token)
 
     def draft(self, ks: list[int], new_tokens: int = 0) -> float:
         """new_tokens: catch-up tokens the first forward carries besides the drafts."""

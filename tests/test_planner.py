@@ -341,3 +341,26 @@ def test_a_plan_is_remade_at_once_when_the_running_requests_change_a_lot(monkeyp
     assert not planner.replan_due(60) and planner.replan_due(40)
     clock[0] += planner.replan_interval_s
     assert planner.replan_due(64)
+
+
+def test_a_burst_of_prompts_is_priced_at_the_layouts_own_prefill_cost(clock):
+    """Prompts that arrive while a layout is in force cost it their prefill at that layout's
+    price, not a slowdown: a spell that took exactly its decode time plus that price is on
+    time; one that took as long again is not."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
+                      verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0)[0]
+    for burst, stretch in ((0, 1.0), (2000, 1.0), (2000, 1.0), (0, 1.0), (2000, 2.0), (2000, 2.0)):
+        plan = planner.replan(requests, K_MAX)
+        assert plan.layout == layout
+        spell = planner._spell
+        planner.observe_prompt(burst)
+        planner.observe_tokens(round(spell.decode_tokens_per_s * 0.1))
+        clock[0] += (0.1 + burst * spell.prefill_s_per_token) * stretch
+        if stretch == 1.0 and burst:
+            planner.replan(requests, K_MAX)
+            assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.02)
+    planner.replan(requests, K_MAX)
+    assert planner.slowdown(layout) > 1.3
