@@ -7,14 +7,14 @@ asks for a new plan (gateway/planner.py) every `replan_interval_s`, and each req
 length follows the plan's rule and its own acceptance at every step in between.
 
 How a layout really runs is measured too, on what it delivered: while a plan is in force
-(a "spell"), the tokens its requests received and the prompt tokens that arrived, and what
+(a "spell"), the tokens its requests received and the prompt tokens prefilled, and what
 the model says those should have taken in that layout (tokens over the plan's decode rate,
 plus each prompt token at the layout's own prefill price). The measured seconds over the
 predicted ones, over the layout's recent spells, is its "slowdown": it takes in everything
 the step arithmetic leaves out (contention, imperfect overlap, stalls, the gateway's own
 work, acceptance misjudged), and the planner divides the layout's predicted rate by it, so a
 layout that delivers less than its arithmetic says stops being chosen. Prompts are priced
-per layout so that a burst of arrivals weighs on each layout at its own cost, whichever was
+per layout so that a wave of prefills weighs on each layout at its own cost, whichever was
 in force when it came. A layout not measured lately whose predicted rate comes within
 EXPLORE_WITHIN of the best is tried for a while, so the choice rests on measurements of every
 contender rather than on the model alone.
@@ -58,8 +58,8 @@ class _Spell:
     prefill_s_per_token: float      # ... and its price of a prompt token in this layout
     counted: bool                   # not the first spell after a switch or an idle spell (the
                                     # pipeline refills and drafting catches up: the switch's cost)
-    tokens: int = 0                 # delivered to requests meanwhile
-    prompt_tokens: int = 0          # arrived meanwhile
+    tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
+    prompt_tokens: int = 0          # ... and prefilled by them
 
     def predicted_s(self) -> float:
         return self.tokens / self.decode_tokens_per_s + self.prompt_tokens * self.prefill_s_per_token
@@ -94,16 +94,12 @@ class AutoPlanner:
     def step_done(self) -> None:
         self._steps += 1
 
-    def observe_tokens(self, n: int) -> None:
-        """Tokens a verify step gave its requests (accepted drafts and the target's own)."""
+    def observe_step(self, tokens: int, prompt_tokens: int) -> None:
+        """A verify step came back: the tokens it gave its requests (accepted drafts and the
+        target's own) and the prompt tokens it prefilled."""
         if self._spell is not None:
-            self._spell.tokens += n
-
-    def observe_prompt(self, tokens: int) -> None:
-        """A request was admitted with this many prompt tokens (prefilled at its next step)."""
-        self.model.observe_prompts(tokens)
-        if self._spell is not None:
-            self._spell.prompt_tokens += tokens
+            self._spell.tokens += tokens
+            self._spell.prompt_tokens += prompt_tokens
 
     def idle(self) -> None:
         """Nothing is running: the spell in force ends unmeasured (idle time is no layout's),

@@ -117,7 +117,7 @@ class BatchManager:
                 return
             batch.requests.append(req)
             # Counted as they arrive, not when prefilled: a burst weighs on the plan made for it.
-            self.planner.observe_prompt(len(req.seq.token_ids))
+            self.planner.model.observe_prompts(len(req.seq.token_ids))
 
     def _batch_for_new_request(self) -> Batch | None:
         """The batch with the fewest requests that has room. In auto mode max_batch bounds
@@ -337,8 +337,11 @@ class BatchManager:
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, borrow_cpus: bool = False) -> None:
         layout = self._step_layout()
+        prompt_tokens = sum(len(i.request.seq.token_ids) for i in items
+                            if i.request.live and not i.request.known_to_verifier)
         response, _ = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         self.planner.step_done()
+        self.planner.observe_step(sum(len(r.token_ids) for r in response.results), prompt_tokens)
         results = {r.request_id: r for r in response.results}
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:
@@ -364,7 +367,6 @@ class BatchManager:
         if k:
             self.planner.acceptance.record(req.seq.stats, k, len(tokens) - 1)
             step.record(k, len(tokens) - 1)
-        self.planner.observe_tokens(len(tokens))
         kept = req.seq.append(tokens)
         if req.drafter is not None:
             req.pending_diff.extend(tokens)

@@ -161,7 +161,7 @@ def _run_for(planner, clock, requests, seconds: float, delivered: float, spells:
         plan = planner.replan(requests, K_MAX)
         ran.append(plan.layout)
         unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
-        planner.observe_tokens(round(unslowed * seconds * delivered))
+        planner.observe_step(round(unslowed * seconds * delivered), 0)
         clock[0] += seconds
     return ran
 
@@ -343,10 +343,13 @@ def test_a_plan_is_remade_at_once_when_the_running_requests_change_a_lot(monkeyp
     assert planner.replan_due(64)
 
 
-def test_a_burst_of_prompts_is_priced_at_the_layouts_own_prefill_cost(clock):
-    """Prompts that arrive while a layout is in force cost it their prefill at that layout's
+def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, monkeypatch):
+    """Prompts prefilled while a layout is in force cost it their prefill at that layout's
     price, not a slowdown: a spell that took exactly its decode time plus that price is on
     time; one that took as long again is not."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)         # no trials of other layouts here
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
@@ -356,8 +359,7 @@ def test_a_burst_of_prompts_is_priced_at_the_layouts_own_prefill_cost(clock):
         plan = planner.replan(requests, K_MAX)
         assert plan.layout == layout
         spell = planner._spell
-        planner.observe_prompt(burst)
-        planner.observe_tokens(round(spell.decode_tokens_per_s * 0.1))
+        planner.observe_step(round(spell.decode_tokens_per_s * 0.1), burst)
         clock[0] += (0.1 + burst * spell.prefill_s_per_token) * stretch
         if stretch == 1.0 and burst:
             planner.replan(requests, K_MAX)
