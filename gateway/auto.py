@@ -44,6 +44,7 @@ SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster th
                             # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
+SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
 RECHECK_WITHIN = 0.5        # for this long is tried too: a model wrong about a layout it never runs
                             # would otherwise never learn better (about a second every 15 s)
@@ -159,14 +160,17 @@ class AutoPlanner:
             wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats), self._max_draft(r, k_cap))
                       for r in requests]
             slowdown = {layout: self.slowdown(layout) for layout in LAYOUTS}
-            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown)
+            switch_s = self._switch_s(requests)
+            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, switch_s=switch_s,
+                               horizon_s=SWITCH_HORIZON_S)
             trying = self._layout_to_try(best)
             if trying is None:
                 self._settled = self._layout_to_keep(best) or best.layout
             stay = trying or self._settled
             plan = best
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
-                plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown)
+                plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
+                                   switch_s=switch_s, horizon_s=SWITCH_HORIZON_S)
                 plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
                             best.considered, plan.threshold, plan.cap)
         switched = plan.layout != self.plan.layout
@@ -184,6 +188,17 @@ class AutoPlanner:
                         f"; trying {self._exploring[0]}" if self._exploring else "")
         self.plan = plan
         return plan
+
+    def _switch_s(self, requests: list[ActiveRequest]) -> dict[str, float]:
+        """What moving from plain decoding to a drafting layout costs once: the drafter
+        catches up with every token verified since it last drafted (all of a request it never
+        drafted for), at its measured price per catch-up token."""
+        if self.plan.layout != "ar":
+            return {}
+        tokens = sum(len(r.pending_diff) if r.known_to_drafter else len(r.seq.token_ids)
+                     for r in requests if r.max_draft != 0)
+        catch_up = self.costs().draft_per_new_token * tokens
+        return {"sd": catch_up, "psd": catch_up}
 
     def _layout_to_try(self, best: Plan) -> str | None:
         """A contender not measured lately (or the one being tried, until it has been)."""

@@ -64,14 +64,18 @@ class Plan:
 
 
 def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
-                layouts: tuple[str, ...] = LAYOUTS, slowdown: Mapping[str, float] | None = None) -> Plan:
+                layouts: tuple[str, ...] = LAYOUTS, slowdown: Mapping[str, float] | None = None,
+                switch_s: Mapping[str, float] | None = None, horizon_s: float = 5.0) -> Plan:
     """The plan with the most expected tokens per second; ties go to the simpler layout.
-    slowdown: per layout, measured step time over predicted (1 where not measured).
+    slowdown: per layout, measured time over predicted (1 where not measured);
+    switch_s: per layout, a one-off cost of moving to it (the drafter catching up with the
+    tokens verified while nothing drafted), spread over horizon_s.
     Each candidate is scored from sums alone; only the winner becomes a Plan (a few ms for
     64 requests: the gateway plans several times a second)."""
     if not requests:
         return Plan("ar", {}, ((),), 0.0, 0.0)
     slowdown = slowdown or {}
+    switch_s = switch_s or {}
     reach = [_reach(r, k_max) for r in requests]          # [i][j]: P(position j+1 emitted as a draft)
     gains = [list(accumulate(r, initial=1.0)) for r in reach]     # [i][k]: tokens emitted a step with k drafts
     best: tuple[float, str, float, int, tuple[int, ...], float] | None = None
@@ -83,6 +87,7 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
             if scored is None:
                 continue
             rate, step = scored
+            rate *= horizon_s / (horizon_s + switch_s.get(layout, 0.0))
             considered[layout] = max(rate, considered.get(layout, -1.0))
             if best is None or rate > best[0] * (1 + 1e-9):
                 best = (rate, layout, threshold, cap, ks, step)

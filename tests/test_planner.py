@@ -366,3 +366,31 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
             assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.02)
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) > 1.3
+
+
+def test_a_drafter_far_behind_makes_drafting_pay_its_catch_up_first():
+    """psd wins on its steps, but moving to it from plain decoding means the drafter first
+    catches up with every token verified meanwhile: spread over the horizon, a catch-up as
+    long as the horizon halves psd's rate and plain decoding stays."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4,
+                      borrowed_fixed=1e-3, borrowed_per_token=1e-4)
+    requests = _requests(8, 0.95)
+    free = choose_plan(costs, requests, K_MAX)
+    assert free.layout == "psd" and free.tokens_per_s < 2 * free.considered["ar"]
+    behind = choose_plan(costs, requests, K_MAX, switch_s={"sd": 5.0, "psd": 5.0}, horizon_s=5.0)
+    assert behind.layout == "ar"
+    assert behind.considered["psd"] == pytest.approx(free.tokens_per_s / 2)
+
+
+def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
+    from gateway.auto import AutoPlanner
+
+    planner = AutoPlanner(K_MAX)
+    per_token = planner.costs().draft_per_new_token
+    fresh, behind, off = _active(0), _active(1), _active(2, max_draft=0)    # 3 prompt tokens each
+    behind.known_to_drafter, behind.pending_diff = True, [7] * 40
+    cost = planner._switch_s([fresh, behind, off])
+    assert per_token > 0 and cost["psd"] == cost["sd"] == pytest.approx(per_token * (3 + 40))
+    planner.plan = choose_plan(planner.costs(), _requests(8, 0.95), K_MAX, layouts=("psd",))
+    assert planner._switch_s([fresh, behind, off]) == {}
