@@ -37,8 +37,10 @@ from minedraft.v1 import generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")
 SEGMENTS_KEPT = 64          # measured spells per layout the slowdown is read from
-SLOWDOWN_MAX_AGE_S = 30.0   # older spells no longer count (the load has moved on)
+SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
 MEASURED_ENOUGH_S = 0.4     # a layout's slowdown is read once this long of its running is measured
+SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
+                            # new layout came back (two in flight in ar, one per batch in psd)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free)
@@ -46,8 +48,8 @@ EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
-RECHECK_WITHIN = 0.5        # for this long is tried too: a model wrong about a layout it never runs
-                            # would otherwise never learn better (about a second every 15 s)
+RECHECK_WITHIN = 0.5        # for this long is tried again: its old measurement may no longer hold;
+RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this
 
 
 @dataclass
@@ -57,7 +59,7 @@ class _Spell:
     since: float
     decode_tokens_per_s: float      # the model's decode rate for this layout and these requests
     prefill_s_per_token: float      # ... and its price of a prompt token in this layout
-    counted: bool                   # not the first spell after a switch or an idle spell (the
+    counted: bool                   # not while a switch settles, nor the first after idling (the
                                     # pipeline refills and drafting catches up: the switch's cost)
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
     prompt_tokens: int = 0          # ... and prefilled by them
@@ -87,7 +89,10 @@ class AutoPlanner:
         self._steps = 0
         self._exploring: tuple[str, float] | None = None       # (layout, since)
         self._steady = False            # the last plan ran requests (not the first after idling)
+        self._settling = 0              # steps of the new layout still to come back after a switch
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
+        self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
+        self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
         self._started = time.monotonic()
 
@@ -95,9 +100,11 @@ class AutoPlanner:
     def step_done(self) -> None:
         self._steps += 1
 
-    def observe_step(self, tokens: int, prompt_tokens: int) -> None:
-        """A verify step came back: the tokens it gave its requests (accepted drafts and the
-        target's own) and the prompt tokens it prefilled."""
+    def observe_step(self, layout: str, tokens: int, prompt_tokens: int) -> None:
+        """A verify step in `layout` came back: the tokens it gave its requests (accepted
+        drafts and the target's own) and the prompt tokens it prefilled."""
+        if layout == self.plan.layout and self._settling:
+            self._settling -= 1
         if self._spell is not None:
             self._spell.tokens += tokens
             self._spell.prompt_tokens += prompt_tokens
@@ -118,8 +125,12 @@ class AutoPlanner:
             self._measured[spell.layout].append((now, spell.predicted_s(), now - spell.since))
 
     def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, float, float]]:
-        since = time.monotonic() - SLOWDOWN_MAX_AGE_S if since is None else since
-        return [spell for spell in self._measured[layout] if spell[0] >= since]
+        """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an
+        old measurement stands until the layout is measured again (see _layout_to_try)."""
+        spells = self._measured[layout]
+        if since is None:
+            since = spells[-1][0] - SLOWDOWN_SPAN_S if spells else 0.0
+        return [spell for spell in spells if spell[0] >= since]
 
     def _measured_s(self, layout: str, since: float | None = None) -> float:
         return sum(seconds for *_, seconds in self._recent(layout, since))
@@ -166,6 +177,10 @@ class AutoPlanner:
             trying = self._layout_to_try(best)
             if trying is None:
                 self._settled = self._layout_to_keep(best) or best.layout
+                self._recheck_after.pop(self._settled, None)
+            if not 0.5 <= len(requests) / max(1, self._recheck_load) <= 2.0:     # the load moved: re-check
+                self._recheck_after.clear()                                     # at the usual pace
+                self._recheck_load = len(requests)
             stay = trying or self._settled
             plan = best
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
@@ -174,11 +189,13 @@ class AutoPlanner:
                 plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
                             best.considered, plan.threshold, plan.cap)
         switched = plan.layout != self.plan.layout
+        if switched:
+            self._settling = SETTLE_STEPS[plan.layout]
         if requests and not self.cycle_steps:
             costs = self.costs()
             decode = plan.tokens_per_s * slowdown[plan.layout] / (1.0 - costs.prefill_share(plan.layout))
             self._spell = _Spell(plan.layout, now, decode, costs.prefill_per_token(plan.layout),
-                                 counted=not switched and self._steady)
+                                 counted=self._steady and not self._settling)
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1
@@ -213,8 +230,11 @@ class AutoPlanner:
             if layout == best.layout:
                 continue
             close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
-            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > RECHECK_AFTER_S
+            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > \
+                self._recheck_after.get(layout, RECHECK_AFTER_S)
             if close or stale:
+                if stale:           # re-checked again and again only while it keeps losing: ever rarer
+                    self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * self._recheck_after.get(layout, RECHECK_AFTER_S))
                 self._exploring = (layout, now)
                 self.explorations += 1
                 return layout

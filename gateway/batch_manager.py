@@ -341,7 +341,7 @@ class BatchManager:
                             if i.request.live and not i.request.known_to_verifier)
         response, _ = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         self.planner.step_done()
-        self.planner.observe_step(sum(len(r.token_ids) for r in response.results), prompt_tokens)
+        self.planner.observe_step(layout, sum(len(r.token_ids) for r in response.results), prompt_tokens)
         results = {r.request_id: r for r in response.results}
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:

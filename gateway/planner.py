@@ -17,9 +17,10 @@ gateway's share per call (plain decoding keeps two steps in flight: its g hides)
 prompts take their share of each second first, at the layout's own prefill cost (ar on the
 lent cores, sd on the verifier then the drafter, psd on both at once), and the rest decodes:
 rate x (1 - prompt tokens/s x per-token prefill cost). Each rate
-is then divided by the layout's measured slowdown, what its steps really took over what
-the model predicted (contention, imperfect overlap), so a layout that runs worse than its
-arithmetic says stops being chosen.
+is then divided by the layout's measured slowdown (gateway/auto.py: the seconds it really
+took over what the model predicted for what it delivered), so a layout that runs worse than
+its arithmetic says stops being chosen, and scaled by horizon / (horizon + a one-off cost of
+moving to it): the drafter's catch-up after plain decoding.
 
 Draft lengths: a request drafts position j when the chance that position is reached and
 accepted is at least a threshold; the threshold and a cap on the longest draft are searched

@@ -154,14 +154,16 @@ def _planner_with(costs: StepCosts):
 
 
 def _run_for(planner, clock, requests, seconds: float, delivered: float, spells: int = 1) -> list[str]:
-    """Plan and run `spells` times for `seconds` each, the requests receiving `delivered` times
-    the tokens the plan predicted; -> the layouts run."""
+    """Plan and run `spells` times for `seconds` each, four steps a spell, the requests
+    receiving `delivered` times the tokens the plan predicted; -> the layouts run. The first
+    spell after a switch is not counted: it starts before the new layout's steps came back."""
     ran = []
     for _ in range(spells):
         plan = planner.replan(requests, K_MAX)
         ran.append(plan.layout)
         unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
-        planner.observe_step(round(unslowed * seconds * delivered), 0)
+        for _ in range(4):                                   # four steps a spell
+            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / 4), 0)
         clock[0] += seconds
     return ran
 
@@ -288,7 +290,7 @@ def test_arriving_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
 def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     """A model wrong about a layout auto never runs would never learn better: a layout
     predicted at least half as fast as the best and not measured for RECHECK_AFTER_S gets a
-    trial; one predicted far below that does not."""
+    trial, then twice as long later while it keeps losing; one predicted far below that does not."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
@@ -312,6 +314,11 @@ def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
         tried.append(layout)
     assert set(tried) == set(rechecked) and not set(tried) & set(ignored)
     assert planner.replan(requests, K_MAX).layout == best.layout        # measured now: no trial again
+    # It lost again: the next re-check waits twice as long, and so on.
+    ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(1.5 * auto.RECHECK_AFTER_S))
+    assert set(ran) == {best.layout}
+    ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(auto.RECHECK_AFTER_S))
+    assert set(ran) & set(rechecked)
 
 
 def test_a_burst_of_prompts_counts_at_its_own_rate():
@@ -359,7 +366,7 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
         plan = planner.replan(requests, K_MAX)
         assert plan.layout == layout
         spell = planner._spell
-        planner.observe_step(round(spell.decode_tokens_per_s * 0.1), burst)
+        planner.observe_step(layout, round(spell.decode_tokens_per_s * 0.1), burst)
         clock[0] += (0.1 + burst * spell.prefill_s_per_token) * stretch
         if stretch == 1.0 and burst:
             planner.replan(requests, K_MAX)
@@ -394,3 +401,30 @@ def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
     assert per_token > 0 and cost["psd"] == cost["sd"] == pytest.approx(per_token * (3 + 40))
     planner.plan = choose_plan(planner.costs(), _requests(8, 0.95), K_MAX, layouts=("psd",))
     assert planner._switch_s([fresh, behind, off]) == {}
+
+
+def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
+    """The drafter's catch-up makes the first steps after a switch slow; spells that begin
+    before SETTLE_STEPS steps of the new layout came back are not counted, however long."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    layout = planner.replan(requests, K_MAX).layout
+    assert auto.SETTLE_STEPS[layout] == 2
+    for _ in range(3):                                  # three long spells, one step came back
+        clock[0] += 1.0
+        planner.replan(requests, K_MAX)
+    planner.observe_step(layout, 10, 0)
+    clock[0] += 1.0
+    planner.replan(requests, K_MAX)
+    assert planner.slowdown(layout) == 1.0 and not planner._measured[layout]
+    planner.observe_step(layout, 10, 0)                 # settled: the next spell counts
+    clock[0] += 1.0
+    planner.replan(requests, K_MAX)
+    assert planner.slowdown(layout) == 1.0 and not planner._measured[layout]
+    _run_for(planner, clock, requests, 0.5, delivered=0.5)
+    planner.replan(requests, K_MAX)
+    assert planner.slowdown(layout) == pytest.approx(2.0, rel=0.02)
