@@ -22,6 +22,7 @@ contender rather than on the model alone.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import zlib
@@ -186,15 +187,12 @@ class AutoPlanner:
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
                                    switch_s=switch_s, horizon_s=SWITCH_HORIZON_S)
-                plan = Plan(plan.layout, plan.draft_lengths, plan.batches, plan.step_s, plan.tokens_per_s,
-                            best.considered, plan.threshold, plan.cap)
+                plan = dataclasses.replace(plan, considered=best.considered)
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
         if requests and not self.cycle_steps:
-            costs = self.costs()
-            decode = plan.tokens_per_s * slowdown[plan.layout] / (1.0 - costs.prefill_share(plan.layout))
-            self._spell = _Spell(plan.layout, now, decode, costs.prefill_per_token(plan.layout),
+            self._spell = _Spell(plan.layout, now, plan.decode_tokens_per_s, self.costs().prefill_per_token(plan.layout),
                                  counted=self._steady and not self._settling)
         self._steady = bool(requests)
         if switched:

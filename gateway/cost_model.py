@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
 PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over less than this
+WORKLOAD_WINDOW = 64        # requests the prompt-per-output ratio is taken over
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
 
@@ -116,12 +117,17 @@ class StepCosts:
     borrowed_per_new_token: float | None = None     # p_v on the lent cores too
     verify_per_request: float = 0.0     # s_v
     borrowed_per_request: float | None = None
-    prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently
+    prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently (shown)
+    prompt_per_output: float = 0.0      # prompt tokens per output token of the recent workload
 
-    def prefill_share(self, layout: str) -> float:
-        """The share of a second the busiest service spends on arriving prompts in this
-        layout (the rest decodes)."""
-        return min(0.95, self.prompt_tokens_per_s * self.prefill_per_token(layout))
+    def serving_rate(self, layout: str, decode_tokens_per_s: float) -> float:
+        """Output tokens per second once every output token also carries its share of prompt
+        prefill at this layout's price: 1 / (1 / decode + prompt per output x prefill price).
+        Arrivals follow completions in a busy server, so the prefill grows with the rate
+        itself; never a share of a second that could reach one."""
+        if decode_tokens_per_s <= 0:
+            return 0.0
+        return 1.0 / (1.0 / decode_tokens_per_s + self.prompt_per_output * self.prefill_per_token(layout))
 
     def prefill_per_token(self, layout: str) -> float:
         """What a prompt token costs the busiest service in this layout: ar prefills on the
@@ -168,6 +174,25 @@ class CostModel:
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
+        self._admitted: deque[tuple[int, int]] = deque(maxlen=WORKLOAD_WINDOW)   # (prompt, max_tokens)
+        self._outputs: deque[int] = deque(maxlen=WORKLOAD_WINDOW)                # tokens of finished requests
+
+    def observe_admitted(self, prompt_tokens: int, max_tokens: int) -> None:
+        self.observe_prompts(prompt_tokens)
+        self._admitted.append((prompt_tokens, max_tokens))
+
+    def observe_finished(self, output_tokens: int) -> None:
+        self._outputs.append(output_tokens)
+
+    def prompt_per_output(self) -> float:
+        """Mean prompt over mean output of recent requests (before any finished, their
+        max_tokens stands in for the output)."""
+        if not self._admitted:
+            return 0.0
+        prompt = sum(p for p, _ in self._admitted) / len(self._admitted)
+        output = (sum(self._outputs) / len(self._outputs) if self._outputs
+                  else sum(m for _, m in self._admitted) / len(self._admitted))
+        return prompt / max(1.0, output)
 
     def observe_prompts(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -235,4 +260,5 @@ class CostModel:
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
                          borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
+                         prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3])

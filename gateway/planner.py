@@ -13,10 +13,10 @@ tokens a step.
 
 where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
 verifier's on the cores the idle drafter lends it (V where nothing is lent), and g the
-gateway's share per call (plain decoding keeps two steps in flight: its g hides). Arriving
-prompts take their share of each second first, at the layout's own prefill cost (ar on the
-lent cores, sd on the verifier then the drafter, psd on both at once), and the rest decodes:
-rate x (1 - prompt tokens/s x per-token prefill cost). Each rate
+gateway's share per call (plain decoding keeps two steps in flight: its g hides). Every output
+token also carries its share of prompt prefill, rho prompt tokens per output token (measured
+on recent requests), at the layout's own price c (ar on the lent cores, sd on the verifier
+then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
 is then divided by the layout's measured slowdown (gateway/auto.py: the seconds it really
 took over what the model predicted for what it delivered), so a layout that runs worse than
 its arithmetic says stops being chosen, and scaled by horizon / (horizon + a one-off cost of
@@ -56,6 +56,7 @@ class Plan:
     considered: dict[str, float] = field(default_factory=dict)   # best rate of each layout
     threshold: float = 1.0                   # draft position j while P(reach j) >= threshold ...
     cap: int = 0                             # ... and j <= cap
+    decode_tokens_per_s: float = 0.0         # the rate of its steps alone (no prefill, no slowdown)
 
     def draft_length(self, reach: tuple[float, ...], max_draft: int) -> int:
         """A request's k under this plan, from its current reach and its own cap."""
@@ -79,27 +80,28 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
     switch_s = switch_s or {}
     reach = [_reach(r, k_max) for r in requests]          # [i][j]: P(position j+1 emitted as a draft)
     gains = [list(accumulate(r, initial=1.0)) for r in reach]     # [i][k]: tokens emitted a step with k drafts
-    best: tuple[float, str, float, int, tuple[int, ...], float] | None = None
+    best: tuple[float, str, float, int, tuple[int, ...], float, float] | None = None
     considered: dict[str, float] = {}
     for threshold, cap, ks in _candidates(reach, k_max):
         emitted = sum(g[k] for g, k in zip(gains, ks))
         for layout in layouts:
-            scored = _score(layout, costs, ks, emitted, slowdown.get(layout, 1.0))
-            if scored is None:
+            step = _step_s(layout, costs, ks)
+            if step is None:
                 continue
-            rate, step = scored
+            decode = emitted / step
+            rate = costs.serving_rate(layout, decode) / slowdown.get(layout, 1.0)
             rate *= horizon_s / (horizon_s + switch_s.get(layout, 0.0))
             considered[layout] = max(rate, considered.get(layout, -1.0))
             if best is None or rate > best[0] * (1 + 1e-9):
-                best = (rate, layout, threshold, cap, ks, step)
-    rate, layout, threshold, cap, ks, step = best
+                best = (rate, layout, threshold, cap, ks, step, decode)
+    rate, layout, threshold, cap, ks, step, decode = best
     ids = [r.request_id for r in requests]
     if layout == "psd":
         order = _psd_order(ks)
         batches = (tuple(ids[i] for i in order[0::2]), tuple(ids[i] for i in order[1::2]))
     else:
         batches = (tuple(ids),)
-    return Plan(layout, dict(zip(ids, ks)), batches, step, rate, considered, threshold, cap)
+    return Plan(layout, dict(zip(ids, ks)), batches, step, rate, considered, threshold, cap, decode)
 
 
 def _leading(reach, threshold: float) -> int:
@@ -137,26 +139,21 @@ def _psd_order(ks: tuple[int, ...]) -> list[int]:
     return sorted(range(len(ks)), key=lambda i: -ks[i])
 
 
-def _score(layout: str, costs: StepCosts, ks: tuple[int, ...], emitted: float,
-           slowdown: float) -> tuple[float, float] | None:
-    """(tokens per second, step time) of a layout with these draft lengths; None where the
-    layout does not apply (drafts in ar, none in sd or psd, psd with one request)."""
+def _step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
+    """The time of one step (a cycle of both batches in psd) with these draft lengths; None
+    where the layout does not apply (drafts in ar, none in sd or psd, psd with one request)."""
     g = costs.gateway_per_step
     drafting = any(ks)
     if layout == "ar":
-        if drafting:
-            return None
-        step = costs.verify(list(ks), borrowed=True) * slowdown
-    elif not drafting:
+        return None if drafting else costs.verify(list(ks), borrowed=True)
+    if not drafting:
         return None
-    elif layout == "sd":
-        step = (costs.draft(list(ks)) + costs.verify(list(ks)) + 2 * g) * slowdown
-    elif len(ks) < 2:
+    if layout == "sd":
+        return costs.draft(list(ks)) + costs.verify(list(ks)) + 2 * g
+    if len(ks) < 2:
         return None
-    else:
-        ordered = sorted(ks, reverse=True)
-        halves = (ordered[0::2], ordered[1::2])
-        draft = [costs.draft(half) for half in halves]
-        verify = [costs.verify(half) for half in halves]
-        step = (max(draft[0], verify[1]) + max(draft[1], verify[0]) + g) * slowdown
-    return emitted / step * (1.0 - costs.prefill_share(layout)), step
+    ordered = sorted(ks, reverse=True)
+    halves = (ordered[0::2], ordered[1::2])
+    draft = [costs.draft(half) for half in halves]
+    verify = [costs.verify(half) for half in halves]
+    return max(draft[0], verify[1]) + max(draft[1], verify[0]) + g

@@ -273,18 +273,33 @@ def test_lent_cores_cost_the_own_cores_times_one_robust_ratio():
     assert lent.borrowed_per_token == pytest.approx(ratio * lent.verify_per_token)
 
 
-def test_arriving_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
-    base = dict(draft_per_forward=2e-3, draft_per_token=1e-4, draft_fixed=1e-3, verify_fixed=10e-3,
+def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
+    """Every output token carries its share of prompt prefill (rho prompt tokens per output
+    token) at the layout's own price: plain decoding on the lent cores, sd on the verifier
+    then the drafter, psd on both at once. A prompt-heavy workload can tip the choice."""
+    base = dict(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=1e-3, verify_fixed=10e-3,
                 verify_per_token=3e-4, gateway_per_step=1e-3, borrowed_fixed=8e-3, borrowed_per_token=2e-4,
                 draft_per_new_token=1e-4, verify_per_new_token=3e-4, borrowed_per_new_token=1.5e-4)
-    quiet = StepCosts(**base)
-    busy = StepCosts(**base, prompt_tokens_per_s=2000.0)
-    assert busy.prefill_share("ar") == pytest.approx(0.3)
-    assert busy.prefill_share("sd") == pytest.approx(0.8)
-    assert busy.prefill_share("psd") == pytest.approx(0.6)
-    requests = _requests(32, 0.8)
-    assert choose_plan(busy, requests, K_MAX).considered["ar"] == pytest.approx(
-        choose_plan(quiet, requests, K_MAX).considered["ar"] * 0.7)
+    light = StepCosts(**base, prompt_per_output=1.0)
+    heavy = StepCosts(**base, prompt_per_output=4.0)
+    assert [heavy.prefill_per_token(layout) for layout in ("ar", "sd", "psd")] == pytest.approx([1.5e-4, 4e-4, 3e-4])
+    assert heavy.serving_rate("sd", 1000.0) == pytest.approx(1 / (1 / 1000 + 4 * 4e-4))
+    requests = _requests(8, 0.9)
+    light_plan, heavy_plan = choose_plan(light, requests, K_MAX), choose_plan(heavy, requests, K_MAX)
+    decode_ar = 1 / (1 / light_plan.considered["ar"] - 1.5e-4)
+    assert heavy_plan.considered["ar"] == pytest.approx(1 / (1 / decode_ar + 4 * 1.5e-4))
+    assert light_plan.layout == "psd" and heavy_plan.layout == "ar"
+
+
+def test_the_workload_ratio_of_prompt_to_output_tokens():
+    model = CostModel()
+    assert model.prompt_per_output() == 0.0
+    for _ in range(4):
+        model.observe_admitted(prompt_tokens=300, max_tokens=100)
+    assert model.prompt_per_output() == pytest.approx(3.0)        # nothing finished: max_tokens stands in
+    for output in (10, 30):
+        model.observe_finished(output)
+    assert model.prompt_per_output() == pytest.approx(15.0)
 
 
 def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
