@@ -155,14 +155,18 @@ class AutoPlanner:
         quarter or more since the last plan (a burst must not run under a plan made for few)."""
         if self.cycle_steps:
             return self._steps >= self.cycle_steps * (self.replans + 1) or not self.replans
-        moved = abs(running - self._planned_for) >= max(2, 0.25 * self._planned_for)
-        return moved or time.monotonic() - self._planned_at >= self.replan_interval_s
+        return self._moved(running) or time.monotonic() - self._planned_at >= self.replan_interval_s
+
+    def _moved(self, running: int) -> bool:
+        return abs(running - self._planned_for) >= max(2, 0.25 * self._planned_for)
 
     def replan(self, requests: list[ActiveRequest], k_cap: int) -> Plan:
         """A new plan for these requests. k_cap: the longest draft any request may get now
         (0 while no drafter can draft)."""
         now = time.monotonic()
         self._end_spell(now)
+        if self._moved(len(requests)):
+            self._exploring = None          # a trial begun for other requests: decide afresh
         self._planned_at = now
         self._planned_for = len(requests)
         self.replans += 1

@@ -117,7 +117,7 @@ class BatchManager:
                 return
             batch.requests.append(req)
             # Counted as they arrive, not when prefilled: a burst weighs on the plan made for it.
-            self.planner.model.observe_admitted(len(req.seq.token_ids), req.seq.params.max_tokens)
+            self.planner.model.observe_admitted(req.request_id, len(req.seq.token_ids), req.seq.params.max_tokens)
 
     def _batch_for_new_request(self) -> Batch | None:
         """The batch with the fewest requests that has room. In auto mode max_batch bounds
@@ -149,7 +149,7 @@ class BatchManager:
     def _retire(self, req: ActiveRequest, reason: FinishReason) -> None:
         """Final event to the client and KV frees queued for both services."""
         if reason != FinishReason.ABORT:
-            self.planner.model.observe_finished(len(req.seq.output_token_ids))
+            self.planner.model.observe_finished(req.request_id, len(req.seq.output_token_ids))
         req.emit_final(reason)
         self._forget(req)
 

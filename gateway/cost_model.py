@@ -28,7 +28,7 @@ steep one (compute-bound) come out of the same fit.
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
@@ -174,25 +174,27 @@ class CostModel:
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
-        self._admitted: deque[tuple[int, int]] = deque(maxlen=WORKLOAD_WINDOW)   # (prompt, max_tokens)
-        self._outputs: deque[int] = deque(maxlen=WORKLOAD_WINDOW)                # tokens of finished requests
+        # The last WORKLOAD_WINDOW requests admitted: [prompt tokens, output tokens], the output
+        # their max_tokens until they finish.
+        self._workload: OrderedDict[str, list[int]] = OrderedDict()
 
-    def observe_admitted(self, prompt_tokens: int, max_tokens: int) -> None:
+    def observe_admitted(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.observe_prompts(prompt_tokens)
-        self._admitted.append((prompt_tokens, max_tokens))
+        self._workload[request_id] = [prompt_tokens, max_tokens]
+        while len(self._workload) > WORKLOAD_WINDOW:
+            self._workload.popitem(last=False)
 
-    def observe_finished(self, output_tokens: int) -> None:
-        self._outputs.append(output_tokens)
+    def observe_finished(self, request_id: str, output_tokens: int) -> None:
+        if request_id in self._workload:
+            self._workload[request_id][1] = output_tokens
 
     def prompt_per_output(self) -> float:
-        """Mean prompt over mean output of recent requests (before any finished, their
-        max_tokens stands in for the output)."""
-        if not self._admitted:
-            return 0.0
-        prompt = sum(p for p, _ in self._admitted) / len(self._admitted)
-        output = (sum(self._outputs) / len(self._outputs) if self._outputs
-                  else sum(m for _, m in self._admitted) / len(self._admitted))
-        return prompt / max(1.0, output)
+        """Prompt tokens over output tokens of the last requests admitted (a running request's
+        max_tokens stands in for its output): one odd request (a warm-up of four tokens)
+        moves it little."""
+        prompt = sum(p for p, _ in self._workload.values())
+        output = sum(o for _, o in self._workload.values())
+        return prompt / max(1, output)
 
     def observe_prompts(self, tokens: int, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

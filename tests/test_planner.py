@@ -292,14 +292,21 @@ def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
 
 
 def test_the_workload_ratio_of_prompt_to_output_tokens():
+    """Prompt over output tokens of the last requests admitted, a running request's max_tokens
+    standing in for its output: a four-token warm-up barely moves it."""
     model = CostModel()
     assert model.prompt_per_output() == 0.0
-    for _ in range(4):
-        model.observe_admitted(prompt_tokens=300, max_tokens=100)
-    assert model.prompt_per_output() == pytest.approx(3.0)        # nothing finished: max_tokens stands in
-    for output in (10, 30):
-        model.observe_finished(output)
-    assert model.prompt_per_output() == pytest.approx(15.0)
+    model.observe_admitted("warm-up", prompt_tokens=90, max_tokens=4)
+    model.observe_finished("warm-up", 4)
+    assert model.prompt_per_output() == pytest.approx(90 / 4)
+    for i in range(63):
+        model.observe_admitted(f"r{i}", prompt_tokens=90, max_tokens=64)
+    assert model.prompt_per_output() == pytest.approx(64 * 90 / (4 + 63 * 64))
+    for i in range(63):
+        model.observe_finished(f"r{i}", 32)                       # they stopped early
+    assert model.prompt_per_output() == pytest.approx(64 * 90 / (4 + 63 * 32))
+    model.observe_admitted("next", prompt_tokens=90, max_tokens=64)   # the warm-up leaves the window
+    assert model.prompt_per_output() == pytest.approx(64 * 90 / (63 * 32 + 64))
 
 
 def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
@@ -443,3 +450,21 @@ def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
     _run_for(planner, clock, requests, 0.5, delivered=0.5)
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == pytest.approx(2.0, rel=0.02)
+
+
+def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
+    """A trial started for one request must not run on for the sixty-four that arrive just
+    after: a change of a quarter of the requests ends it and the plan is decided again."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    few = [_active(i, max_draft=1) for i in range(8)]
+    planner.replan(few, K_MAX)
+    assert planner.explorations == 1
+    begun = planner._exploring
+    clock[0] += 0.1
+    planner.replan(few, K_MAX)
+    assert planner._exploring == begun                       # still trying, same requests
+    clock[0] += 0.1
+    planner.replan([_active(i, max_draft=1) for i in range(16)], K_MAX)
+    assert planner._exploring != begun
