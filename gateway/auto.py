@@ -277,11 +277,13 @@ class AutoPlanner:
             verify_calls=self.model.verify_calls, median_error=self.model.median_error,
             verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token,
             draft_per_new_token_s=c.draft_per_new_token, verify_per_new_token_s=c.verify_per_new_token,
-            verify_borrowed_per_new_token_s=c.borrowed_per_new_token, prompt_tokens_per_s=c.prompt_tokens_per_s)
+            verify_borrowed_per_new_token_s=c.borrowed_per_new_token, prompt_tokens_per_s=c.prompt_tokens_per_s,
+            prompt_per_output=c.prompt_per_output)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(
             layout=self.plan.layout, draft_lengths=list(self.plan.draft_lengths.values()),
             predicted_tokens_per_s=self.plan.tokens_per_s, layout_tokens_per_s=self.plan.considered,
             acceptance_reach=list(self.acceptance.pool_reach()), replans=self.replans,
-            layout_switches=self.layout_switches)
+            layout_switches=self.layout_switches, explorations=self.explorations,
+            layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS})

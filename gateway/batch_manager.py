@@ -343,7 +343,10 @@ class BatchManager:
                             if i.request.live and not i.request.known_to_verifier)
         response, _ = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         self.planner.step_done()
-        self.planner.observe_step(layout, sum(len(r.token_ids) for r in response.results), prompt_tokens)
+        # A step counts towards a switch settling only once every request is where the
+        # layout wants it (after psd, the second batch's last step hands its requests over).
+        self.planner.observe_step(layout if self._in_shape() else "", sum(len(r.token_ids) for r in response.results),
+                                  prompt_tokens)
         results = {r.request_id: r for r in response.results}
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:
@@ -353,6 +356,13 @@ class BatchManager:
             elif req.cancelled and not req.done:    # cancelled since it was drafted
                 self._retire(req, FinishReason.ABORT)
         METRICS.step_accepted(accepted)
+
+    def _in_shape(self) -> bool:
+        """The batches are as the layout wants them: both holding requests in psd, the
+        second empty otherwise."""
+        if len(self.batches) < 2:
+            return True
+        return all(b.requests for b in self.batches) if self.layout == "psd" else not self.batches[1].requests
 
     def _step_layout(self) -> str:
         """The layout a step runs in: psd with one batch empty is sequential SD."""

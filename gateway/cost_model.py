@@ -171,6 +171,7 @@ class CostModel:
                                  prior.draft_per_token))
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
+        self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
@@ -230,6 +231,8 @@ class CostModel:
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
             if borrowed:
                 self._lent.append((features, busy_s))
+                if new_tokens:
+                    self._lent_prefills.append((features, busy_s))
             else:
                 self._verify.observe(features, busy_s)
 
@@ -245,19 +248,40 @@ class CostModel:
         """How far the model's predictions of recent calls were from what they took."""
         return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
 
-    def _lent_ratio(self) -> float | None:
-        """Median of lent-core busy time over the own cores' prediction for the same call
-        (against today's own-core fit, so an old ratio never rests on an old prediction)."""
-        ratios = sorted(busy / own for features, busy in self._lent if (own := self._verify.predict(features)) > 0)
-        return ratios[len(ratios) // 2] if ratios else None
+    def _lent_ratios(self) -> tuple[float, float] | None:
+        """(decoding, prefill): lent-core busy time over the own cores' prediction for the
+        same call (against today's own-core fit, so an old ratio never rests on an old
+        prediction), medians. Decoding's from calls mostly decoding; prefill's from calls mostly
+        prefilling, their decoding part taken out at decoding's ratio: a large prefill uses
+        more cores better than a decode step does (one ratio for both priced the lent cores'
+        prefill 1.7x too dear), and prompt-heavy calls are few, so they are kept apart."""
+        decode, prefill = [], []
+        new_weight = max(0.0, self._verify.weights[2])
+        for features, busy in self._lent:
+            own = self._verify.predict(features)
+            if own > 0 and new_weight * features[2] < 0.5 * own:
+                decode.append(busy / own)
+        if not decode:
+            return None
+        decode_ratio = sorted(decode)[len(decode) // 2]
+        for features, busy in self._lent_prefills:
+            own = self._verify.predict(features)
+            own_prefill = new_weight * features[2]
+            if own_prefill >= 0.5 * own > 0:
+                prefill.append((busy - decode_ratio * (own - own_prefill)) / own_prefill)
+        # Never dearer than decoding's: the slow first call after a switch (threads waking) is
+        # often a wave of prompts, and must not read as the lent cores' price of prefill.
+        prefill_ratio = min(decode_ratio, max(0.1, sorted(prefill)[len(prefill) // 2])) if prefill else decode_ratio
+        return decode_ratio, prefill_ratio
 
     def costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed = None, None, None, None
-        ratio = self._lent_ratio()
-        if ratio is not None:
-            borrowed = tuple(ratio * w for w in (verify_fixed, verify_per_token, verify_new, verify_request))
+        ratios = self._lent_ratios()
+        if ratios is not None:
+            ratio, prefill_ratio = ratios
+            borrowed = ratio * verify_fixed, ratio * verify_per_token, prefill_ratio * verify_new, ratio * verify_request
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,

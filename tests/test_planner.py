@@ -249,11 +249,12 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     assert planner.slowdown(tried) == pytest.approx(3.0, rel=0.02)
 
 
-def test_lent_cores_cost_the_own_cores_times_one_robust_ratio():
+def test_lent_cores_cost_the_own_cores_times_robust_ratios():
     """The lent cores' cost is the own-core fit times the median measured ratio: a slow first
-    call after a switch (threads waking) changes nothing, and a prompt prefilled on the lent
-    cores costs the own cores' price times the same ratio (a separate fit once read that slow
-    call as a price per prompt token and made plain decoding look 2.5x dearer)."""
+    call after a switch (threads waking) changes nothing, even when it prefilled a wave of
+    prompts (a separate fit once read that slow call as a price per prompt token and made
+    plain decoding look 2.5x dearer). Prompt-heavy calls have a ratio of their own, from
+    their prefill part: a large prefill uses the extra cores better than a decode step."""
     model = CostModel()
     own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0, verify_per_new_token=0.0002, verify_per_request=0.0001)
     for n in (1, 4, 16, 32):
@@ -268,9 +269,15 @@ def test_lent_cores_cost_the_own_cores_times_one_robust_ratio():
     lent = model.costs()
     for n, new in ((1, 0), (32, 0), (8, 800)):
         assert lent.verify([0] * n, new, borrowed=True) == pytest.approx(0.6 * own.verify([0] * n, new), rel=0.05)
-    ratio = lent.borrowed_fixed / lent.verify_fixed                     # one ratio for every coefficient
-    assert lent.borrowed_per_new_token == pytest.approx(ratio * lent.verify_per_new_token)
+    ratio = lent.borrowed_fixed / lent.verify_fixed
+    assert lent.borrowed_per_new_token == pytest.approx(ratio * lent.verify_per_new_token)   # only the slow one
     assert lent.borrowed_per_token == pytest.approx(ratio * lent.verify_per_token)
+    for n in (8, 16, 32):                                                # waves prefilled at 0.35x
+        decode, prefill = own.verify([0] * n), own.verify([0] * n, 200 * n) - own.verify([0] * n)
+        model.observe_verify([0] * n, 0.6 * decode + 0.35 * prefill, new_tokens=200 * n, borrowed=True)
+    lent = model.costs()
+    assert lent.borrowed_per_new_token == pytest.approx(0.35 * lent.verify_per_new_token, rel=0.05)
+    assert lent.borrowed_fixed == pytest.approx(ratio * lent.verify_fixed, rel=0.05)
 
 
 def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():

@@ -95,7 +95,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s")
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s", "prompt_per_output")
     DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,7 @@ class CostModel(_message.Message):
     VERIFY_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BORROWED_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_PER_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     draft_fixed_s: float
     draft_per_forward_s: float
     draft_per_token_s: float
@@ -126,11 +127,19 @@ class CostModel(_message.Message):
     verify_per_new_token_s: float
     verify_borrowed_per_new_token_s: float
     prompt_tokens_per_s: float
-    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ...) -> None: ...
+    prompt_per_output: float
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
-    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches")
+    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations")
     class LayoutTokensPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class LayoutSlowdownEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -144,6 +153,8 @@ class AutoPlan(_message.Message):
     ACCEPTANCE_REACH_FIELD_NUMBER: _ClassVar[int]
     REPLANS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_SWITCHES_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    EXPLORATIONS_FIELD_NUMBER: _ClassVar[int]
     layout: str
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     predicted_tokens_per_s: float
@@ -151,7 +162,9 @@ class AutoPlan(_message.Message):
     acceptance_reach: _containers.RepeatedScalarFieldContainer[float]
     replans: int
     layout_switches: int
-    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ...) -> None: ...
+    layout_slowdown: _containers.ScalarMap[str, float]
+    explorations: int
+    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance", "cost_model", "plan")
