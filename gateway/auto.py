@@ -22,12 +22,11 @@ contender rather than on the model alone.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gateway.acceptance_estimate import AcceptanceEstimate
 from gateway.cost_model import CostModel, StepCosts
@@ -37,9 +36,9 @@ from minedraft.constants import LAYOUTS
 from minedraft.v1 import generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")
-SEGMENTS_KEPT = 64          # measured spells per layout the slowdown is read from
+SPELLS_KEPT = 64          # measured spells per layout the slowdown is read from
 SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
-MEASURED_ENOUGH_S = 0.4     # a layout's slowdown is read once this long of its running is measured
+MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its running is measured
 SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
                             # new layout came back (two in flight in ar, one per batch in psd)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
@@ -83,7 +82,7 @@ class AutoPlanner:
         self.layout_switches = 0
         # Per layout, its measured spells: (ended, seconds predicted, seconds measured).
         self._measured: dict[str, deque[tuple[float, float, float]]] = {
-            layout: deque(maxlen=SEGMENTS_KEPT) for layout in LAYOUTS}
+            layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
@@ -165,7 +164,8 @@ class AutoPlanner:
         (0 while no drafter can draft)."""
         now = time.monotonic()
         self._end_spell(now)
-        if self._moved(len(requests)):
+        moved = self._moved(len(requests))
+        if moved:
             self._exploring = None          # a trial begun for other requests: decide afresh
         self._planned_at = now
         self._planned_for = len(requests)
@@ -179,7 +179,8 @@ class AutoPlanner:
             switch_s = self._switch_s(requests)
             best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, switch_s=switch_s,
                                horizon_s=SWITCH_HORIZON_S)
-            trying = self._layout_to_try(best)
+            # No trial starts as a wave of requests comes in: it would be judged on their prefill.
+            trying = None if moved else self._layout_to_try(best)
             if trying is None:
                 self._settled = self._layout_to_keep(best) or best.layout
                 self._recheck_after.pop(self._settled, None)
@@ -191,7 +192,7 @@ class AutoPlanner:
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
                                    switch_s=switch_s, horizon_s=SWITCH_HORIZON_S)
-                plan = dataclasses.replace(plan, considered=best.considered)
+                plan = replace(plan, considered=best.considered)
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]

@@ -241,8 +241,9 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     contenders = [layout for layout, rate in best.considered.items()
                   if layout != best.layout and rate >= auto.EXPLORE_WITHIN * best.tokens_per_s]
     assert contenders, best.considered
-    spells = math.ceil(auto.MEASURED_ENOUGH_S / 0.15) + 1               # the first is not counted
-    ran = _run_for(planner, clock, requests, 0.15, delivered=1 / 3, spells=spells)
+    assert planner.replan(requests, K_MAX).layout == best.layout      # they just came: no trial yet
+    spells = math.ceil(auto.MEASURED_ENOUGH_S / 0.16) + 1               # the first is not counted
+    ran = _run_for(planner, clock, requests, 0.16, delivered=1 / 3, spells=spells)
     tried = ran[0]
     assert tried in contenders and set(ran) == {tried} and planner.explorations == 1
     assert planner.replan(requests, K_MAX).layout != tried
@@ -460,12 +461,15 @@ def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
 
 
 def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
-    """A trial started for one request must not run on for the sixty-four that arrive just
-    after: a change of a quarter of the requests ends it and the plan is decided again."""
+    """A trial started for eight requests must not run on for the sixteen there are just
+    after: a change of a quarter of the requests ends it, and no trial starts while a wave of
+    requests comes in (it would be judged on their prefill)."""
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
     planner = _planner_with(costs)
     few = [_active(i, max_draft=1) for i in range(8)]
+    planner.replan(few, K_MAX)
+    assert planner.explorations == 0                         # no trial as requests come in
     planner.replan(few, K_MAX)
     assert planner.explorations == 1
     begun = planner._exploring
@@ -474,4 +478,4 @@ def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
     assert planner._exploring == begun                       # still trying, same requests
     clock[0] += 0.1
     planner.replan([_active(i, max_draft=1) for i in range(16)], K_MAX)
-    assert planner._exploring != begun
+    assert planner._exploring is None
