@@ -251,11 +251,11 @@ class CostModel:
     def _lent_ratios(self) -> tuple[float, float] | None:
         """(decoding, prefill): lent-core busy time over the own cores' prediction for the
         same call (against today's own-core fit, so an old ratio never rests on an old
-        prediction), medians. Decoding's from calls mostly decoding; prefill's from calls mostly
-        prefilling, their decoding part taken out at decoding's ratio: a large prefill uses
+        prediction). Decoding's: the median over calls mostly decoding; prefill's: over calls
+        mostly prefilling, their decoding part taken out at decoding's ratio: a large prefill uses
         more cores better than a decode step does (one ratio for both priced the lent cores'
         prefill 1.7x too dear), and prompt-heavy calls are few, so they are kept apart."""
-        decode, prefill = [], []
+        decode = []
         new_weight = max(0.0, self._verify.weights[2])
         for features, busy in self._lent:
             own = self._verify.predict(features)
@@ -264,14 +264,19 @@ class CostModel:
         if not decode:
             return None
         decode_ratio = sorted(decode)[len(decode) // 2]
+        prefill_s, own_prefill_s = 0.0, 0.0
         for features, busy in self._lent_prefills:
             own = self._verify.predict(features)
             own_prefill = new_weight * features[2]
-            if own_prefill >= 0.5 * own > 0:
-                prefill.append((busy - decode_ratio * (own - own_prefill)) / own_prefill)
-        # Never dearer than decoding's: the slow first call after a switch (threads waking) is
-        # often a wave of prompts, and must not read as the lent cores' price of prefill.
-        prefill_ratio = min(decode_ratio, max(0.1, sorted(prefill)[len(prefill) // 2])) if prefill else decode_ratio
+            spent = busy - decode_ratio * (own - own_prefill)
+            if own_prefill >= 0.5 * own > 0 and spent < 2 * decode_ratio * own_prefill:
+                prefill_s += spent
+                own_prefill_s += own_prefill
+        # A ratio of sums, so a wave of prompts outweighs the many single prompts whose share
+        # is mostly the decoding part's error; the slow first call after a switch (threads
+        # waking) is often a wave, and must not read as a price: calls at over twice
+        # decoding's ratio are left out, and prefill is never priced dearer than decoding.
+        prefill_ratio = min(decode_ratio, max(0.1, prefill_s / own_prefill_s)) if own_prefill_s else decode_ratio
         return decode_ratio, prefill_ratio
 
     def costs(self) -> StepCosts:
