@@ -39,6 +39,9 @@ logger = logging.getLogger("minedraft.gateway")
 SPELLS_KEPT = 64          # measured spells per layout the slowdown is read from
 SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
 MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its running is measured
+SLOWDOWN_PULL = (1e-4, 1e-2)   # s^2: how strongly the decoding and prefill slowdowns are pulled
+                            # towards 1 (10 ms of decoding, 100 ms of prefill: a single prompt's
+                            # prefill in a spell must not read as prefill's price)
 SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
                             # new layout came back (two in flight in ar, one per batch in psd)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
@@ -64,8 +67,9 @@ class _Spell:
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
     prompt_tokens: int = 0          # ... and prefilled by them
 
-    def predicted_s(self) -> float:
-        return self.tokens / self.decode_tokens_per_s + self.prompt_tokens * self.prefill_s_per_token
+    def predicted_s(self) -> tuple[float, float]:
+        """(decoding, prefill): what the model says the spell's work should have taken."""
+        return self.tokens / self.decode_tokens_per_s, self.prompt_tokens * self.prefill_s_per_token
 
 
 class AutoPlanner:
@@ -80,8 +84,9 @@ class AutoPlanner:
         self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
         self.replans = 0
         self.layout_switches = 0
-        # Per layout, its measured spells: (ended, seconds predicted, seconds measured).
-        self._measured: dict[str, deque[tuple[float, float, float]]] = {
+        # Per layout, its measured spells: (ended, seconds predicted decoding, ... prefill,
+        # seconds measured).
+        self._measured: dict[str, deque[tuple[float, float, float, float]]] = {
             layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
@@ -122,9 +127,9 @@ class AutoPlanner:
         if spell is None or not spell.counted or not mature or spell.decode_tokens_per_s <= 0:
             return
         if now > spell.since:
-            self._measured[spell.layout].append((now, spell.predicted_s(), now - spell.since))
+            self._measured[spell.layout].append((now, *spell.predicted_s(), now - spell.since))
 
-    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, float, float]]:
+    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, float, float, float]]:
         """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an
         old measurement stands until the layout is measured again (see _layout_to_try)."""
         spells = self._measured[layout]
@@ -136,14 +141,30 @@ class AutoPlanner:
         return sum(seconds for *_, seconds in self._recent(layout, since))
 
     def slowdown(self, layout: str) -> float:
-        """Measured over predicted seconds of the layout's recent spells (1 until
+        """Measured over predicted time of the layout's decoding lately (1 until
         MEASURED_ENOUGH_S of it is measured)."""
+        return self._slowdowns(layout)[0]
+
+    def prefill_slowdown(self, layout: str) -> float:
+        """... and of its prefill."""
+        return self._slowdowns(layout)[1]
+
+    def _slowdowns(self, layout: str) -> tuple[float, float]:
+        """measured = s_d x decoding predicted + s_p x prefill predicted, by least squares over
+        the recent spells, pulled weakly towards 1: a wave of prompts priced wrong then
+        corrects prefill's price, not the layout's decoding (one ratio for both let a single
+        wave make plain decoding look twice as slow as it decodes)."""
         recent = self._recent(layout)
-        measured = sum(seconds for *_, seconds in recent)
-        if measured < MEASURED_ENOUGH_S:
-            return 1.0
-        predicted = sum(predicted for _, predicted, _ in recent)
-        return min(3.0, max(0.5, measured / max(predicted, 1e-9)))
+        if sum(measured for *_, measured in recent) < MEASURED_ENOUGH_S:
+            return 1.0, 1.0
+        dd = pp = dp = dm = pm = 0.0
+        for _, d, p, m in recent:
+            dd, pp, dp, dm, pm = dd + d * d, pp + p * p, dp + d * p, dm + d * m, pm + p * m
+        pull_d, pull_p = SLOWDOWN_PULL
+        dd, pp, dm, pm = dd + pull_d, pp + pull_p, dm + pull_d, pm + pull_p
+        det = dd * pp - dp * dp
+        s_d, s_p = (pp * dm - dp * pm) / det, (dd * pm - dp * dm) / det
+        return min(3.0, max(0.5, s_d)), min(3.0, max(0.5, s_p))
 
     def costs(self) -> StepCosts:
         return self.model.costs()
@@ -175,10 +196,12 @@ class AutoPlanner:
         else:
             wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats), self._max_draft(r, k_cap))
                       for r in requests]
-            slowdown = {layout: self.slowdown(layout) for layout in LAYOUTS}
+            slowdowns = {layout: self._slowdowns(layout) for layout in LAYOUTS}
+            slowdown = {layout: s[0] for layout, s in slowdowns.items()}
+            prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
             switch_s = self._switch_s(requests)
             best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, switch_s=switch_s,
-                               horizon_s=SWITCH_HORIZON_S)
+                               horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
             trying = None if moved else self._layout_to_try(best)
             if trying is None:
@@ -191,7 +214,7 @@ class AutoPlanner:
             plan = best
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
-                                   switch_s=switch_s, horizon_s=SWITCH_HORIZON_S)
+                                   switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
                 plan = replace(plan, considered=best.considered)
         switched = plan.layout != self.plan.layout
         if switched:
@@ -202,9 +225,9 @@ class AutoPlanner:
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1
-            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown %s%s)", self.plan.layout,
-                        plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
-                        {k: round(self.slowdown(k), 2) for k in LAYOUTS},
+            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s%s)",
+                        self.plan.layout, plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
+                        {k: tuple(round(x, 2) for x in self._slowdowns(k)) for k in LAYOUTS},
                         f"; trying {self._exploring[0]}" if self._exploring else "")
         self.plan = plan
         return plan
@@ -287,4 +310,5 @@ class AutoPlanner:
             predicted_tokens_per_s=self.plan.tokens_per_s, layout_tokens_per_s=self.plan.considered,
             acceptance_reach=list(self.acceptance.pool_reach()), replans=self.replans,
             layout_switches=self.layout_switches, explorations=self.explorations,
-            layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS})
+            layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS},
+            layout_prefill_slowdown={layout: self.prefill_slowdown(layout) for layout in LAYOUTS})

@@ -120,14 +120,15 @@ class StepCosts:
     prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently (shown)
     prompt_per_output: float = 0.0      # prompt tokens per output token of the recent workload
 
-    def serving_rate(self, layout: str, decode_tokens_per_s: float) -> float:
+    def serving_rate(self, layout: str, decode_tokens_per_s: float, prefill_slowdown: float = 1.0) -> float:
         """Output tokens per second once every output token also carries its share of prompt
         prefill at this layout's price: 1 / (1 / decode + prompt per output x prefill price).
         Arrivals follow completions in a busy server, so the prefill grows with the rate
         itself; never a share of a second that could reach one."""
         if decode_tokens_per_s <= 0:
             return 0.0
-        return 1.0 / (1.0 / decode_tokens_per_s + self.prompt_per_output * self.prefill_per_token(layout))
+        return 1.0 / (1.0 / decode_tokens_per_s
+                      + self.prompt_per_output * self.prefill_per_token(layout) * prefill_slowdown)
 
     def prefill_per_token(self, layout: str) -> float:
         """What a prompt token costs the busiest service in this layout: ar prefills on the

@@ -17,9 +17,9 @@ gateway's share per call (plain decoding keeps two steps in flight: its g hides)
 token also carries its share of prompt prefill, rho prompt tokens per output token (measured
 on recent requests), at the layout's own price c (ar on the lent cores, sd on the verifier
 then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
-is then divided by the layout's measured slowdown (gateway/auto.py: the seconds it really
-took over what the model predicted for what it delivered), so a layout that runs worse than
-its arithmetic says stops being chosen, and scaled by horizon / (horizon + a one-off cost of
+is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
+over what the model predicted for what it delivered, decoding and prefill apart), so a
+layout that runs worse than its arithmetic says stops being chosen, and scaled by horizon / (horizon + a one-off cost of
 moving to it): the drafter's catch-up after plain decoding.
 
 Draft lengths: a request drafts position j when the chance that position is reached and
@@ -67,16 +67,18 @@ class Plan:
 
 def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
                 layouts: tuple[str, ...] = LAYOUTS, slowdown: Mapping[str, float] | None = None,
-                switch_s: Mapping[str, float] | None = None, horizon_s: float = 5.0) -> Plan:
+                switch_s: Mapping[str, float] | None = None, horizon_s: float = 5.0,
+                prefill_slowdown: Mapping[str, float] | None = None) -> Plan:
     """The plan with the most expected tokens per second; ties go to the simpler layout.
-    slowdown: per layout, measured time over predicted (1 where not measured);
+    slowdown, prefill_slowdown: per layout, measured time over predicted, of decoding and of
+    prefill (1 where not measured);
     switch_s: per layout, a one-off cost of moving to it (the drafter catching up with the
     tokens verified while nothing drafted), spread over horizon_s.
     Each candidate is scored from sums alone; only the winner becomes a Plan (a few ms for
     64 requests: the gateway plans several times a second)."""
     if not requests:
         return Plan("ar", {}, ((),), 0.0, 0.0)
-    slowdown = slowdown or {}
+    slowdown, prefill_slowdown = slowdown or {}, prefill_slowdown or {}
     switch_s = switch_s or {}
     reach = [_reach(r, k_max) for r in requests]          # [i][j]: P(position j+1 emitted as a draft)
     gains = [list(accumulate(r, initial=1.0)) for r in reach]     # [i][k]: tokens emitted a step with k drafts
@@ -89,7 +91,7 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
             if step is None:
                 continue
             decode = emitted / step
-            rate = costs.serving_rate(layout, decode) / slowdown.get(layout, 1.0)
+            rate = costs.serving_rate(layout, decode / slowdown.get(layout, 1.0), prefill_slowdown.get(layout, 1.0))
             rate *= horizon_s / (horizon_s + switch_s.get(layout, 0.0))
             considered[layout] = max(rate, considered.get(layout, -1.0))
             if best is None or rate > best[0] * (1 + 1e-9):

@@ -383,7 +383,7 @@ def test_a_plan_is_remade_at_once_when_the_running_requests_change_a_lot(monkeyp
 def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, monkeypatch):
     """Prompts prefilled while a layout is in force cost it their prefill at that layout's
     price, not a slowdown: a spell that took exactly its decode time plus that price is on
-    time; one that took as long again is not."""
+    time; waves that took twice as long read as prefill dearer than priced."""
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)         # no trials of other layouts here
@@ -402,7 +402,7 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
             planner.replan(requests, K_MAX)
             assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.02)
     planner.replan(requests, K_MAX)
-    assert planner.slowdown(layout) > 1.3
+    assert planner.prefill_slowdown(layout) > 1.3
 
 
 def test_a_drafter_far_behind_makes_drafting_pay_its_catch_up_first():
@@ -479,3 +479,24 @@ def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
     clock[0] += 0.1
     planner.replan([_active(i, max_draft=1) for i in range(16)], K_MAX)
     assert planner._exploring is None
+
+
+def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
+    """Decoding on time, one wave of prompts twice its price: the wave's excess goes to the
+    prefill slowdown; the decoding slowdown (what every step pays) stays about 1."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
+                      verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0)[0]
+    for burst in (0, 0, 5000, 0, 0, 0):
+        planner.replan(requests, K_MAX)
+        spell = planner._spell
+        planner.observe_step(layout, round(spell.decode_tokens_per_s * 0.2), burst)
+        clock[0] += 0.2 + 2 * burst * spell.prefill_s_per_token
+    planner.replan(requests, K_MAX)
+    assert planner.slowdown(layout) == pytest.approx(1.0, abs=0.05)
+    assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)

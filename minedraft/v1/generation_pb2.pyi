@@ -131,7 +131,7 @@ class CostModel(_message.Message):
     def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
-    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations")
+    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown")
     class LayoutTokensPerSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,13 @@ class AutoPlan(_message.Message):
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     class LayoutSlowdownEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class LayoutPrefillSlowdownEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +162,7 @@ class AutoPlan(_message.Message):
     LAYOUT_SWITCHES_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     EXPLORATIONS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_PREFILL_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     layout: str
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     predicted_tokens_per_s: float
@@ -164,7 +172,8 @@ class AutoPlan(_message.Message):
     layout_switches: int
     layout_slowdown: _containers.ScalarMap[str, float]
     explorations: int
-    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ...) -> None: ...
+    layout_prefill_slowdown: _containers.ScalarMap[str, float]
+    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ..., layout_prefill_slowdown: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance", "cost_model", "plan")
