@@ -39,9 +39,9 @@ logger = logging.getLogger("minedraft.gateway")
 SPELLS_KEPT = 64          # measured spells per layout the slowdown is read from
 SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
 MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its running is measured
-SLOWDOWN_PULL = (1e-4, 1e-2)   # s^2: how strongly the decoding and prefill slowdowns are pulled
-                            # towards 1 (10 ms of decoding, 100 ms of prefill: a single prompt's
-                            # prefill in a spell must not read as prefill's price)
+SLOWDOWN_PULL = (0.005, 0.05)  # s: the decoding and prefill slowdowns are pulled towards 1 as if
+                            # by this much on time (a single prompt's prefill in a spell must not
+                            # read as prefill's price)
 SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
                             # new layout came back (two in flight in ar, one per batch in psd)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
@@ -150,21 +150,23 @@ class AutoPlanner:
         return self._slowdowns(layout)[1]
 
     def _slowdowns(self, layout: str) -> tuple[float, float]:
-        """measured = s_d x decoding predicted + s_p x prefill predicted, by least squares over
-        the recent spells, pulled weakly towards 1: a wave of prompts priced wrong then
-        corrects prefill's price, not the layout's decoding (one ratio for both let a single
-        wave make plain decoding look twice as slow as it decodes)."""
+        """(decoding, prefill). Decoding's from the spells that mostly decoded: measured over
+        predicted seconds, their small prefill taken at its price; prefill's from the spells
+        that prefilled, their decoding taken out at decoding's slowdown. Each pulled towards
+        1 by SLOWDOWN_PULL seconds. Kept apart because a wave of prompts priced wrong is a
+        wrong prefill price, not slow decoding (one ratio for both let a single wave make plain
+        decoding look twice as slow as it decodes); fitted in that order because a wave's
+        spell has almost no decoding to tell the two apart by."""
         recent = self._recent(layout)
         if sum(measured for *_, measured in recent) < MEASURED_ENOUGH_S:
             return 1.0, 1.0
-        dd = pp = dp = dm = pm = 0.0
-        for _, d, p, m in recent:
-            dd, pp, dp, dm, pm = dd + d * d, pp + p * p, dp + d * p, dm + d * m, pm + p * m
         pull_d, pull_p = SLOWDOWN_PULL
-        dd, pp, dm, pm = dd + pull_d, pp + pull_p, dm + pull_d, pm + pull_p
-        det = dd * pp - dp * dp
-        s_d, s_p = (pp * dm - dp * pm) / det, (dd * pm - dp * dm) / det
-        return min(3.0, max(0.5, s_d)), min(3.0, max(0.5, s_p))
+        decoding = [(d, p, m) for _, d, p, m in recent if p <= 0.5 * d]
+        s_d = (sum(m - p for d, p, m in decoding) + pull_d) / (sum(d for d, _, _ in decoding) + pull_d)
+        s_d = min(3.0, max(0.5, s_d))
+        prefilling = [(d, p, m) for _, d, p, m in recent if p > 0]
+        s_p = (sum(m - s_d * d for d, _, m in prefilling) + pull_p) / (sum(p for _, p, _ in prefilling) + pull_p)
+        return s_d, min(3.0, max(0.5, s_p))
 
     def costs(self) -> StepCosts:
         return self.model.costs()

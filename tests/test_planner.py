@@ -187,7 +187,7 @@ def test_a_layout_that_delivers_less_than_predicted_stops_being_chosen(clock):
     assert _run_for(planner, clock, requests, 0.2, delivered=0.5, spells=3) == ["psd"] * 3
     assert planner.slowdown("psd") == 1.0                    # 0.2 s counted: not enough yet
     _run_for(planner, clock, requests, 0.2, delivered=0.5)
-    assert planner.slowdown("psd") == pytest.approx(2.0, rel=0.01)
+    assert planner.slowdown("psd") == pytest.approx(2.0, rel=0.03)
     plan = planner.replan(requests, K_MAX)
     assert plan.layout != "psd" and planner.layout_switches == 2
 
@@ -247,7 +247,7 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     tried = ran[0]
     assert tried in contenders and set(ran) == {tried} and planner.explorations == 1
     assert planner.replan(requests, K_MAX).layout != tried
-    assert planner.slowdown(tried) == pytest.approx(3.0, rel=0.02)
+    assert planner.slowdown(tried) == pytest.approx(3.0, rel=0.05)
 
 
 def test_lent_cores_cost_the_own_cores_times_robust_ratios():
