@@ -274,7 +274,7 @@ class BatchManager:
         if not self.auto:
             return
         running = [r for b in self.batches for r in b.to_draft()]
-        if self.planner.replan_due(len(running)):
+        if running and self.planner.replan_due(len(running)):
             self.planner.replan(running, self._k_cap())
 
     def _k_cap(self) -> int:
@@ -359,7 +359,10 @@ class BatchManager:
 
     def _in_shape(self) -> bool:
         """The batches are as the layout wants them: both holding requests in psd, the
-        second empty otherwise."""
+        second empty otherwise, and in plain decoding no draft still running (until then the
+        verifier cannot borrow the drafter's cores)."""
+        if self.layout == "ar" and self._drafting:
+            return False
         if len(self.batches) < 2:
             return True
         return all(b.requests for b in self.batches) if self.layout == "psd" else not self.batches[1].requests

@@ -387,7 +387,9 @@ def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):
     (row,) = report["runs"]
     assert row["mode"] == "auto" and report["config"]["rate_steps"] == "3:1,6:1"
     assert [p["rate"] for p in row["phases"]] == [3, 6]
-    assert set(row["acceptance_by_kind"]) <= {"code", "prose"} and row["plan"]["layout"]
+    # Eight-token answers to long prompts are mostly prefill: auto may rightly not draft at all.
+    by_kind = row.get("acceptance_by_kind", {})
+    assert set(by_kind) <= {"code", "prose"} and (by_kind or not row["mean_draft_length"]) and row["plan"]["layout"]
     assert sum(row["layout_share"].values()) == pytest.approx(1.0)
     assert row["model_predictions"] > 0 and all(isinstance(r["draft_lengths"], list) for r in row["step_records"])
     assert {"auto_k2_c2.png", "rate_steps_c2.png", "vs_concurrency.png"} <= {p.name for p in tmp_path.glob("*.png")}
