@@ -102,12 +102,11 @@ class AutoPlanner:
         self._started = time.monotonic()
 
     # ---- measuring -------------------------------------------------------------------------
-    def step_done(self) -> None:
-        self._steps += 1
-
     def observe_step(self, layout: str, tokens: int, prompt_tokens: int) -> None:
-        """A verify step in `layout` came back: the tokens it gave its requests (accepted
-        drafts and the target's own) and the prompt tokens it prefilled."""
+        """A verify step in `layout` came back ("" while the batches are still moving to the
+        plan's layout): the tokens it gave its requests (accepted drafts and the target's
+        own) and the prompt tokens it prefilled."""
+        self._steps += 1
         if layout == self.plan.layout and self._settling:
             self._settling -= 1
         if self._spell is not None:

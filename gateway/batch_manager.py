@@ -339,10 +339,7 @@ class BatchManager:
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, borrow_cpus: bool = False) -> None:
         layout = self._step_layout()
-        prompt_tokens = sum(len(i.request.seq.token_ids) for i in items
-                            if i.request.live and not i.request.known_to_verifier)
-        response, _ = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
-        self.planner.step_done()
+        response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         # A step counts towards a switch settling only once every request is where the
         # layout wants it (after psd, the second batch's last step hands its requests over).
         self.planner.observe_step(layout if self._in_shape() else "", sum(len(r.token_ids) for r in response.results),
@@ -406,8 +403,8 @@ class BatchManager:
         sources = []
         self._drafting += 1
         try:
-            answers, _ = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout())
-                          if by_drafter else ([], 0.0))
+            answers = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout())
+                       if by_drafter else [])
         finally:
             self._drafting -= 1
         for drafter, result in answers:

@@ -109,11 +109,12 @@ class EngineCalls:
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                      after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False, observe: bool = True
-                     ) -> tuple[engine_pb2.VerifyStepResponse, float]:
+                     ) -> tuple[engine_pb2.VerifyStepResponse, int]:
         """Verify `items`; requests the verifier has not seen go with their tokens. Finished
         requests ride along to be freed. after_step_id queues this step behind that one;
         borrow_cpus: nothing drafts meanwhile, the verifier may compute on the drafter's cores;
-        observe: fit its busy time (not a warm-up's). -> (the answer, its predicted busy time)."""
+        observe: fit its busy time (not a warm-up's). -> (the answer, the prompt tokens it
+        prefilled: the tokens of the requests new to the verifier)."""
         new_requests = []
         for item in items:
             req = item.request
@@ -141,7 +142,7 @@ class EngineCalls:
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
                     verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted,
                     borrowed=response.borrowed)
-        return response, predicted
+        return response, new_tokens
 
     async def draft(self, step_id: int, drafter: DrafterHandle,
                     items: list[tuple[ActiveRequest, int]]) -> tuple[engine_pb2.DraftStepResponse, float]:
@@ -171,12 +172,11 @@ class EngineCalls:
 
     async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
                         num_items: int, layout: str = ""
-                        ) -> tuple[list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]], float]:
+                        ) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]]:
         """One batch's draft step on each of its drafters, in parallel; -> (drafter, response
         or the call's exception). One record for the step: it lasts as long as the slowest
         drafter. The drafter's send waits for the verifier's matching receive, so the
-        transfer is timed on the receiving side (verify data_plane_s) only. Also -> the busy
-        time the cost model predicted for the step (its slowest drafter's)."""
+        transfer is timed on the receiving side (verify data_plane_s) only."""
         drafters = list(by_drafter)
         start = time.perf_counter()
         results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d]) for d in drafters),
@@ -191,7 +191,7 @@ class EngineCalls:
                         draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _ in answered),
                         layout=layout, draft_lengths=[k for d in drafters for _, k in by_drafter[d]],
                         predicted_busy_s=predicted)
-        return [(d, r if isinstance(r, BaseException) else r[0]) for d, r in zip(drafters, results)], predicted
+        return [(d, r if isinstance(r, BaseException) else r[0]) for d, r in zip(drafters, results)]
 
     async def flush_verifier_frees(self) -> None:
         """Free finished requests on the verifier now (when no step is there to carry them)."""

@@ -19,8 +19,9 @@ on recent requests), at the layout's own price c (ar on the lent cores, sd on th
 then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
 is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
 over what the model predicted for what it delivered, decoding and prefill apart), so a
-layout that runs worse than its arithmetic says stops being chosen, and scaled by horizon / (horizon + a one-off cost of
-moving to it): the drafter's catch-up after plain decoding.
+layout that runs worse than its arithmetic says stops being chosen, and scaled by
+horizon / (horizon + a one-off cost of moving to it): the drafter's catch-up after plain
+decoding.
 
 Draft lengths: a request drafts position j when the chance that position is reached and
 accepted is at least a threshold; the threshold and a cap on the longest draft are searched

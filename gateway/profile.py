@@ -75,7 +75,7 @@ async def _step(calls: EngineCalls, drafter: DrafterHandle | None, batch: list[A
     step_id = calls.next_step_id()
     sources, items = [], [DraftedItem(r, 0) for r in batch]
     if k and drafter is not None:
-        answers, _ = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
+        answers = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
         (_, answer), = answers
         if isinstance(answer, BaseException):
             raise answer

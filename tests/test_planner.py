@@ -223,7 +223,7 @@ def test_forced_cycle_rotates_every_layout():
     for _ in range(12):
         if planner.replan_due(1):
             seen.append(planner.replan([_active(0)], K_MAX).layout)
-        planner.step_done()
+        planner.observe_step(seen[-1], 0, 0)
     assert set(seen) == {"ar", "sd", "psd"}
 
 
