@@ -407,14 +407,16 @@ class BatchManager:
                        if by_drafter else [])
         finally:
             self._drafting -= 1
-        for drafter, result in answers:
-            items = by_drafter[drafter]
+        for drafter, result, sent in answers:
             if isinstance(result, BaseException):
-                self._drafter_failed(drafter, [req for req, _ in items], result)
-                drafted.extend(DraftedItem(req, 0) for req, _ in items)
+                self._drafter_failed(drafter, [req for req, _ in sent], result)
+                drafted.extend(DraftedItem(req, 0) for req, _ in sent)
                 continue
             # The drafter flattened its drafts in this order; the verifier reads them so.
-            drafted.extend(DraftedItem(req, k, len(sources)) for req, k in items)
+            drafted.extend(DraftedItem(req, k, len(sources)) for req, k in sent)
+            # Those that ended or left the drafter before the call went out: no drafts.
+            sent_ids = {req.request_id for req, _ in sent}
+            drafted.extend(DraftedItem(req, 0) for req, _ in by_drafter[drafter] if req.request_id not in sent_ids)
             sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id))
         batch.drafted, batch.sources = drafted, sources
 

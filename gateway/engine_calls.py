@@ -8,9 +8,10 @@ their tokens; drafts go drafter -> verifier on the data plane, named by (drafter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import deque
-from collections.abc import Awaitable
+from collections import Counter, deque
+from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
 import grpc
@@ -75,6 +76,27 @@ class Deadlines:
         return max(self.floor_s, self.factor * max(recent)) if recent else self.floor_s
 
 
+def frees_now(pending: list[str], in_flight: Counter[str]) -> tuple[list[str], list[str]]:
+    """-> (the finished requests to free with the call going out now, those to keep). A
+    request a call still in flight names is freed only once that call answers: two calls
+    in flight may reach a service in either order, and a free that overtook the call that
+    gives the service the request would leave it there for good."""
+    return [r for r in pending if not in_flight[r]], [r for r in pending if in_flight[r]]
+
+
+@contextlib.contextmanager
+def naming(in_flight: Counter[str], request_ids: list[str]) -> Iterator[None]:
+    """While a call is in flight, the requests it names are counted in `in_flight`."""
+    in_flight.update(request_ids)
+    try:
+        yield
+    finally:
+        in_flight.subtract(request_ids)
+        for request_id in request_ids:
+            if in_flight[request_id] <= 0:
+                del in_flight[request_id]
+
+
 def _verifiable(req: ActiveRequest) -> bool:
     return req.live and req.known_to_verifier
 
@@ -86,6 +108,7 @@ class EngineCalls:
         self.model = model          # every call's busy time is fitted; its prediction goes in the record
         self.step_records: deque[generation_pb2.StepRecord] = deque(maxlen=STEP_RECORDS_KEPT)
         self.free_on_verifier: list[str] = []      # finished requests to free there, with the next call
+        self._verifier_in_flight: Counter[str] = Counter()     # request ids named by verify calls not yet answered
         self._step_id = 0
         self._t0 = time.perf_counter()
 
@@ -122,10 +145,10 @@ class EngineCalls:
                 new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
                                                       req.seq.params, req.seq.seed))
                 req.known_to_verifier = True
-        finished, self.free_on_verifier = self.free_on_verifier, []
-        # A request that ended since it was drafted (its free may reach the verifier first,
-        # with another batch's step) is named only to drop its drafts, and not at all when
-        # it has none: the verifier refuses unknown requests. The Batch Manager retires it.
+        finished, self.free_on_verifier = frees_now(self.free_on_verifier, self._verifier_in_flight)
+        # A request that ended since it was drafted is named only to drop its drafts (its
+        # free may ride on this very step), and not at all when it has none: the verifier
+        # refuses unknown requests. The Batch Manager retires it.
         message = engine_pb2.VerifyStepRequest(
             step_id=step_id, new_requests=new_requests, finished=finished,
             items=[engine_pb2.VerifyItem(request_id=i.request.request_id, num_draft=i.num_draft, source=i.source,
@@ -136,7 +159,8 @@ class EngineCalls:
         new_tokens = sum(len(r.token_ids) for r in new_requests)
         predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
-        response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
+        with naming(self._verifier_in_flight, [r.request_id for r in new_requests] + [i.request_id for i in message.items]):
+            response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
         if observe:
             self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
@@ -144,11 +168,14 @@ class EngineCalls:
                     borrowed=response.borrowed)
         return response, new_tokens
 
-    async def draft(self, step_id: int, drafter: DrafterHandle,
-                    items: list[tuple[ActiveRequest, int]]) -> tuple[engine_pb2.DraftStepResponse, float]:
+    async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]]
+                    ) -> tuple[engine_pb2.DraftStepResponse, float, list[tuple[ActiveRequest, int]]]:
         """Draft `items` (request, k) on one drafter: new requests go with their tokens,
-        known ones with the tokens verified since it last heard (their diff).
-        -> (the answer, the busy time the cost model predicted for it)."""
+        known ones with the tokens verified since it last heard (their diff). A request that
+        ended or left this drafter since the batch chose it (this runs a loop turn later) is
+        left out. -> (the answer, the busy time the cost model predicted, the items drafted
+        in the order of the answer's drafts)."""
+        items = [(req, k) for req, k in items if req.live and req.drafter is drafter]
         new_requests, updates = [], []
         for req, _ in items:
             if not req.known_to_drafter:
@@ -158,45 +185,48 @@ class EngineCalls:
             elif req.pending_diff:
                 updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
             req.pending_diff = []
-        finished, drafter.pending_frees = drafter.pending_frees, []
-        reset, drafter.needs_reset = drafter.needs_reset, False
+        finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
         ks = [k for _, k in items]
         catch_up = sum(len(r.token_ids) for r in new_requests) + sum(len(u.new_token_ids) for u in updates)
         predicted = self.model.costs().draft(ks, catch_up)
-        response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
-            step_id=step_id, new_requests=new_requests, updates=updates, finished=finished, reset=reset,
-            items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
-            timeout=self.deadlines("draft")), f"draft on {drafter.address}")
+        with naming(drafter.in_flight, [r.request_id for r, _ in items]):
+            response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
+                step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
+                items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
+                timeout=self.deadlines("draft")), f"draft on {drafter.address}")
         self.model.observe_draft(ks, response.busy_s, catch_up)
-        return response, predicted
+        return response, predicted, items
 
     async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
                         num_items: int, layout: str = ""
-                        ) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException]]:
+                        ) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException,
+                                        list[tuple[ActiveRequest, int]]]]:
         """One batch's draft step on each of its drafters, in parallel; -> (drafter, response
-        or the call's exception). One record for the step: it lasts as long as the slowest
-        drafter. The drafter's send waits for the verifier's matching receive, so the
-        transfer is timed on the receiving side (verify data_plane_s) only."""
+        or the call's exception, the items it drafted: all of them when the call failed). One
+        record for the step: it lasts as long as the slowest drafter. The drafter's send waits
+        for the verifier's matching receive, so the transfer is timed on the receiving side
+        (verify data_plane_s) only."""
         drafters = list(by_drafter)
         start = time.perf_counter()
         results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d]) for d in drafters),
                                        return_exceptions=True)
         answered = [r for r in results if not isinstance(r, BaseException)]
-        predicted = max((p for _, p in answered), default=0.0)
+        predicted = max((p for _, p, _ in answered), default=0.0)
         for drafter, result in zip(drafters, results):
             if layout != PROFILE_LAYOUT and not isinstance(result, BaseException):
                 drafter.compute_s += result[0].busy_s
         if answered:
-            self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r, _ in answered),
-                        draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _ in answered),
-                        layout=layout, draft_lengths=[k for d in drafters for _, k in by_drafter[d]],
+            self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r, _, _ in answered),
+                        draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _, _ in answered),
+                        layout=layout, draft_lengths=[k for _, _, sent in answered for _, k in sent],
                         predicted_busy_s=predicted)
-        return [(d, r if isinstance(r, BaseException) else r[0]) for d, r in zip(drafters, results)]
+        return [(d, r, by_drafter[d]) if isinstance(r, BaseException) else (d, r[0], r[2])
+                for d, r in zip(drafters, results)]
 
     async def flush_verifier_frees(self) -> None:
         """Free finished requests on the verifier now (when no step is there to carry them)."""
-        if self.free_on_verifier:
-            finished, self.free_on_verifier = self.free_on_verifier, []
+        finished, self.free_on_verifier = frees_now(self.free_on_verifier, self._verifier_in_flight)
+        if finished:
             await guarded(self.verifier.Step(engine_pb2.VerifyStepRequest(step_id=self.next_step_id(),
                                                                           finished=finished),
                                              timeout=self.deadlines.floor_s), "free on the verifier")
@@ -205,10 +235,8 @@ class EngineCalls:
                                   dismiss: bool = False) -> None:
         """Free finished requests' draft KV on one drafter now; dismiss: and tell it that it
         left the pool for good (an operator deregistered it)."""
-        if drafter.pending_frees or drafter.needs_reset or dismiss:
-            finished, drafter.pending_frees = drafter.pending_frees, []
-            reset, drafter.needs_reset = drafter.needs_reset, False
+        finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
+        if finished or dismiss:
             await guarded(drafter.stub.Step(
-                engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, reset=reset,
-                                            dismiss=dismiss),
+                engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, dismiss=dismiss),
                 timeout=timeout_s or self.deadlines.floor_s), f"free on {drafter.address}")

@@ -9,6 +9,7 @@ with no drafter left, keeps them going at k = 0 on the verifier.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import grpc
@@ -34,9 +35,7 @@ class DrafterHandle:
     requests_assigned: int = 0
     request_ids: set[str] = field(default_factory=set)
     pending_frees: list[str] = field(default_factory=list)   # finished requests to free there
-    # Its first call tells it to forget every request: one that rejoins after being dropped
-    # (a missed deadline) may still hold requests the gateway has moved elsewhere.
-    needs_reset: bool = True
+    in_flight: Counter[str] = field(default_factory=Counter)  # request ids named by calls not yet answered
     compute_s: float = 0.0          # its own compute seconds in draft calls (a metric; the profile's not counted)
 
     def status(self) -> generation_pb2.DrafterStatus:
@@ -109,6 +108,15 @@ class DrafterPool:
         if problem:
             await channel.close()
             raise PoolError(f"address: drafter {address}: {problem}")
+        # It forgets every request before it is given any: one that rejoins after being dropped
+        # (a missed deadline) may still hold requests since moved elsewhere. Answered before any
+        # other call goes out: a reset that overtook a call giving it a request would wipe that.
+        try:
+            await stub.Step(engine_pb2.DraftStepRequest(reset=True), timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            await channel.close()
+            logger.info("%s did not take a reset: %s", address, err)
+            raise DrafterUnreachable(address) from None
         handle = DrafterHandle(address, info.drafter_id, info.model, info.num_blocks, channel, stub)
         self.drafters[address] = handle
         logger.info("drafter %s (%s) joined the pool (%d drafters)", address, info.drafter_id[:8], len(self))

@@ -34,8 +34,8 @@ def _request(index: int, max_tokens: int) -> ActiveRequest:
 
 async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: int, k_max: int) -> None:
     """Run the grid; a failure ends the profile early (logged): the online fit takes over.
-    The last steps of each size ask for the drafter's cores (a verifier given none to borrow
-    says so, and they count as ordinary steps)."""
+    Each size's first step (its prefill) and last steps ask for the drafter's cores (a
+    verifier given none to borrow says so, and they count as ordinary steps)."""
     started = time.perf_counter()
     sizes = sorted({min(b, max_batch) for b in BATCH_SIZES})
     ks = sorted({0, 1, max(1, k_max // 2), k_max}) if drafter is not None else [0]
@@ -46,6 +46,7 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
         for size in sizes:
             while len(requests) < size:
                 requests.append(_request(len(requests), max_tokens))
+                requests[-1].drafter = drafter
             batch = requests[:size]
             # The new requests' prefill runs on the lent cores, so the model knows what plain
             # decoding pays for arriving prompts (the own cores' prefill cost is measured by
@@ -76,7 +77,7 @@ async def _step(calls: EngineCalls, drafter: DrafterHandle | None, batch: list[A
     sources, items = [], [DraftedItem(r, 0) for r in batch]
     if k and drafter is not None:
         answers = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
-        (_, answer), = answers
+        (_, answer, _), = answers
         if isinstance(answer, BaseException):
             raise answer
         sources = [engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id)]
