@@ -118,7 +118,7 @@ async def serve(args: argparse.Namespace) -> None:
     if admin is not None:
         await admin.register(address)         # waits for the gateway, however long it takes to come
         tasks.append(asyncio.ensure_future(admin.keep_registered(
-            address, lambda: pairing.current(servicer), lambda: servicer.dismissed)))
+            address, lambda: pairing.renew_before_rejoining(servicer), lambda: servicer.dismissed)))
     try:
         done, _ = await asyncio.wait([*tasks, asyncio.ensure_future(served.server.wait_for_termination())],
                                      return_when=asyncio.FIRST_COMPLETED)

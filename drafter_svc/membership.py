@@ -10,7 +10,7 @@ place in the gateway's drafter pool.
   not a refusal that retrying cannot change: a wrong token, an ar-mode gateway, a draft model
   that does not fit the target), and checks every few seconds that it is still listed: a
   gateway that dropped it (a missed deadline, a SIGSTOP) or restarted gets it back without
-  anyone's help. On stop it deregisters and leaves its pairing.
+  anyone's help, paired anew first. On stop it deregisters and leaves its pairing.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ class Pairing:
         self.key = ""
         self.instance_id = ""
         self.data_plane = ""
+        self._renewing = asyncio.Lock()     # the keep-alive and a rejoin may both pair again
 
     async def connect(self) -> DraftSender:
         info = await self.verifier.GetInfo(engine_pb2.EngineInfoRequest(), timeout=CALL_TIMEOUT_S)
@@ -63,9 +64,22 @@ class Pairing:
         self.key, self.instance_id, self.data_plane = reply.pairing_key, info.instance_id, reply.data_plane
         return await asyncio.get_running_loop().run_in_executor(None, self._open_sender, reply)
 
-    async def current(self, servicer: DrafterServicer) -> bool:
-        """Paired with the verifier serving now, and sending works."""
-        return not servicer.send_failed and await self.verifier_instance() == self.instance_id
+    async def renew(self, servicer: DrafterServicer) -> None:
+        """Pair again; sends from now on go to the new pairing."""
+        async with self._renewing:
+            servicer.replace_sender(await self.connect())
+
+    async def renew_before_rejoining(self, servicer: DrafterServicer) -> bool:
+        """A drafter the pool dropped (a missed deadline) was most likely dropped by the
+        verifier too, after its drafts came late, and learns so only when a send fails: by
+        then it would be drafting again for nothing. So it pairs anew before it rejoins.
+        -> whether it is paired with the verifier serving now."""
+        try:
+            await self.renew(servicer)
+        except (grpc.aio.AioRpcError, OSError, RuntimeError, TimeoutError) as err:
+            logger.warning("pairing again before rejoining the pool failed (%s), will retry", err)
+            return False
+        return True
 
     async def verifier_instance(self) -> str | None:
         try:
@@ -92,11 +106,10 @@ async def keep_paired(pairing: Pairing, servicer: DrafterServicer) -> None:
             continue
         why = "the verifier restarted" if instance != pairing.instance_id else "a send failed"
         try:
-            sender = await pairing.connect()
+            await pairing.renew(servicer)
         except (grpc.aio.AioRpcError, OSError, RuntimeError, TimeoutError) as err:
             logger.warning("%s; pairing again failed (%s), will retry", why, err)
             continue
-        servicer.replace_sender(sender)
         logger.warning("%s: paired again with verifier %s", why, pairing.instance_id[:8])
 
 
@@ -127,12 +140,12 @@ class PoolAdmin:
                                self.admin, err.code().name, err.details(), delay)
             await asyncio.sleep(delay)
 
-    async def keep_registered(self, address: str, paired: Callable[[], Awaitable[bool]],
+    async def keep_registered(self, address: str, pair_again: Callable[[], Awaitable[bool]],
                               dismissed: Callable[[], bool]) -> None:
-        """Rejoin whenever the pool no longer lists this drafter, once `paired()` says its
-        pairing is with the verifier that serves now (the gateway drops drafters of a
-        verifier that restarted; rejoining before pairing anew would name a stranger), and
-        never once the pool dismissed it (an operator deregistered it)."""
+        """Rejoin whenever the pool no longer lists this drafter, once `pair_again()` has
+        paired it anew with the verifier that serves now (the gateway drops drafters of a
+        verifier that restarted, and the verifier those whose drafts came late), and never
+        once the pool dismissed it (an operator deregistered it)."""
         while True:
             await asyncio.sleep(CHECK_INTERVAL_S)
             try:
@@ -141,7 +154,7 @@ class PoolAdmin:
                 continue                    # the gateway is away: ask again later
             if dismissed():
                 continue                    # still serving, for whatever calls it yet
-            if not any(d.address == address for d in status.drafters) and await paired():
+            if not any(d.address == address for d in status.drafters) and await pair_again():
                 logger.warning("no longer in the drafter pool at %s: joining again", self.admin)
                 await self.register(address)
 
