@@ -52,7 +52,9 @@ EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or 
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
 RECHECK_WITHIN = 0.5        # for this long is tried again: its old measurement may no longer hold;
-RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this
+RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
+RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
+RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 
 
 @dataclass
@@ -253,19 +255,31 @@ class AutoPlanner:
             if layout in best.considered and measured < MEASURED_ENOUGH_S and now - since < EXPLORE_MAX_S:
                 return layout
             self._exploring = None
+            if measured >= MEASURED_ENOUGH_S:       # the fresh measurement replaces the old one
+                spells = self._measured[layout]
+                while spells and spells[0][0] < since:
+                    spells.popleft()
         for layout, rate in best.considered.items():
             if layout == best.layout:
                 continue
             close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
-            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > \
-                self._recheck_after.get(layout, RECHECK_AFTER_S)
+            wait = self._recheck_after.get(layout, self._recheck_wait(layout))
+            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > wait
             if close or stale:
                 if stale:           # re-checked again and again only while it keeps losing: ever rarer
-                    self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * self._recheck_after.get(layout, RECHECK_AFTER_S))
+                    self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
                 self._exploring = (layout, now)
                 self.explorations += 1
                 return layout
         return None
+
+    def _recheck_wait(self, layout: str) -> float:
+        """How long a layout's measurement stands before it is re-checked: the longer it was
+        measured, the longer (a moment's measurement, say in the burst of a run's start,
+        is too little to rule a layout out for long). One never measured waits the longest."""
+        if not self._measured[layout]:
+            return RECHECK_AFTER_S
+        return min(RECHECK_AFTER_S, max(RECHECK_MIN_S, RECHECK_PER_MEASURED * self._measured_s(layout)))
 
     def _last_measured(self, layout: str) -> float:
         spells = self._measured[layout]

@@ -500,3 +500,30 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == pytest.approx(1.0, abs=0.05)
     assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)
+
+
+def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock):
+    """A layout measured only briefly (say in the burst of a run's start) is re-checked after
+    RECHECK_PER_MEASURED times as long as it ran, not RECHECK_AFTER_S; the re-check's own
+    measurement then replaces the old one instead of being averaged with it."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
+    for _ in range(2):                      # 0.48 s of sd measured, 20% slower than predicted
+        planner._measured["sd"].append((clock[0], 0.2, 0.0, 0.24))
+    assert planner.slowdown("sd") == pytest.approx(1.2, rel=0.01)
+    wait = auto.RECHECK_PER_MEASURED * 0.48
+    assert auto.RECHECK_MIN_S < wait < auto.RECHECK_AFTER_S
+    start = clock[0]
+    ran = []
+    while "sd" not in ran:
+        ran = _run_for(planner, clock, requests, 0.1, delivered=1.0)
+        assert clock[0] - start < wait + 0.5, "not re-checked soon"
+    assert clock[0] - start > wait
+    while planner.plan.layout == "sd":      # the trial, delivering as predicted
+        _run_for(planner, clock, requests, 0.1, delivered=1.0)
+    assert planner.slowdown("sd") == pytest.approx(1.0, abs=0.02)
