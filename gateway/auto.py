@@ -55,6 +55,9 @@ RECHECK_WITHIN = 0.5        # for this long is tried again: its old measurement 
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
+EXPLORE_SHARE = 0.1         # trials of layouts measured before take at most this share of the time
+                            # requests ran (each costs two switches and runs a layout likely worse)
+HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
 @dataclass
@@ -102,6 +105,14 @@ class AutoPlanner:
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
         self._started = time.monotonic()
+        self._running_s = 0.0           # time with requests running, from plan to plan ...
+        self._trial_s = 0.0             # ... and the part of it spent on trials
+        self._plan_ran = False          # the plan in force has requests running (no idle since)
+        self._plan_tried = False        # ... and is a trial
+        # What was decided when, and what each layout was predicted to give then; the times on
+        # the step records' clock (the Batch Manager sets the origin to theirs).
+        self.history: deque[generation_pb2.PlanDecision] = deque(maxlen=HISTORY_KEPT)
+        self.clock_origin = time.perf_counter()
 
     # ---- measuring -------------------------------------------------------------------------
     def observe_step(self, layout: str, tokens: int, prompt_tokens: int) -> None:
@@ -120,6 +131,7 @@ class AutoPlanner:
         and so does the first one after it (the pipeline refills)."""
         self._spell = None
         self._steady = False
+        self._plan_ran = False
 
     def _end_spell(self, now: float) -> None:
         spell, self._spell = self._spell, None
@@ -188,6 +200,9 @@ class AutoPlanner:
         (0 while no drafter can draft)."""
         now = time.monotonic()
         self._end_spell(now)
+        if self._plan_ran:
+            self._running_s += now - self._planned_at
+            self._trial_s += (now - self._planned_at) if self._plan_tried else 0.0
         moved = self._moved(len(requests))
         if moved:
             self._exploring = None          # a trial begun for other requests: decide afresh
@@ -219,6 +234,9 @@ class AutoPlanner:
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
                                    switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
                 plan = replace(plan, considered=best.considered)
+            self.history.append(generation_pb2.PlanDecision(
+                at_s=time.perf_counter() - self.clock_origin, layout=plan.layout, trying=trying or "",
+                requests=len(requests), layout_tokens_per_s=best.considered))
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
@@ -226,6 +244,8 @@ class AutoPlanner:
             self._spell = _Spell(plan.layout, now, plan.decode_tokens_per_s, self.costs().prefill_per_token(plan.layout),
                                  counted=self._steady and not self._settling)
         self._steady = bool(requests)
+        self._plan_ran = bool(requests)
+        self._plan_tried = self._exploring is not None and plan.layout == self._exploring[0]
         if switched:
             self.layout_switches += 1
             logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s%s)",
@@ -260,7 +280,7 @@ class AutoPlanner:
                 while spells and spells[0][0] < since:
                     spells.popleft()
         for layout, rate in best.considered.items():
-            if layout == best.layout:
+            if layout == best.layout or (self._measured[layout] and not self._may_explore()):
                 continue
             close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
@@ -272,6 +292,15 @@ class AutoPlanner:
                 self.explorations += 1
                 return layout
         return None
+
+    def _may_explore(self) -> bool:
+        """Whether a layout measured before may be tried again now: trials so far took at
+        most EXPLORE_SHARE of the running time (with this one's shortest length counted).
+        Every layout's first measurement is free of this: the choice needs one of each. At
+        low concurrency every layout is predicted within a few percent of the others, and
+        re-checks each second made auto switch back and forth, paying each switch's drain
+        and catch-up, and ran layouts worse than its own choice half the time."""
+        return self._trial_s + MEASURED_ENOUGH_S <= EXPLORE_SHARE * self._running_s
 
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was
@@ -326,4 +355,5 @@ class AutoPlanner:
             acceptance_reach=list(self.acceptance.pool_reach()), replans=self.replans,
             layout_switches=self.layout_switches, explorations=self.explorations,
             layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS},
-            layout_prefill_slowdown={layout: self.prefill_slowdown(layout) for layout in LAYOUTS})
+            layout_prefill_slowdown={layout: self.prefill_slowdown(layout) for layout in LAYOUTS},
+            history=list(self.history))

@@ -63,6 +63,7 @@ class BatchManager:
         # Measures costs and acceptance in every mode; plans only in auto.
         self.planner = AutoPlanner(config.k, cycle_steps=config.auto_cycle_steps)
         self.calls = EngineCalls(verifier, Deadlines(config.step_timeout_s), self.planner.model)
+        self.planner.clock_origin = self.calls.clock_origin     # decisions and steps on one clock
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)

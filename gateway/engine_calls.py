@@ -110,7 +110,7 @@ class EngineCalls:
         self.free_on_verifier: list[str] = []      # finished requests to free there, with the next call
         self._verifier_in_flight: Counter[str] = Counter()     # request ids named by verify calls not yet answered
         self._step_id = 0
-        self._t0 = time.perf_counter()
+        self.clock_origin = time.perf_counter()    # the step records' clock starts here
 
     def next_step_id(self) -> int:
         self._step_id += 1
@@ -127,8 +127,8 @@ class EngineCalls:
             self.model.observe_gateway(wall_s, fields.get("draft_busy_s", 0.0) + fields.get("verify_busy_s", 0.0)
                                        + fields.get("data_plane_s", 0.0))
         self.step_records.append(generation_pb2.StepRecord(
-            step_id=step_id, kind=kind, start_s=start - self._t0, wall_s=wall_s, **fields))
-        METRICS.call_recorded({"kind": kind, "start_s": start - self._t0, "wall_s": wall_s, **fields})
+            step_id=step_id, kind=kind, start_s=start - self.clock_origin, wall_s=wall_s, **fields))
+        METRICS.call_recorded({"kind": kind, "start_s": start - self.clock_origin, "wall_s": wall_s, **fields})
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                      after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False, observe: bool = True

@@ -392,6 +392,11 @@ def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):
     assert set(by_kind) <= {"code", "prose"} and (by_kind or not row["mean_draft_length"]) and row["plan"]["layout"]
     assert sum(row["layout_share"].values()) == pytest.approx(1.0)
     assert row["model_predictions"] > 0 and all(isinstance(r["draft_lengths"], list) for r in row["step_records"])
+    # auto's decisions during the run, on the step records' clock, kept beside them
+    decisions, starts = row["plan_history"], [r["start_s"] for r in row["step_records"]]
+    assert decisions and "history" not in row["plan"]
+    assert all(min(starts) - 1.0 <= d["at_s"] <= max(starts) + 1.0 and d["layout"] in d["layout_tokens_per_s"]
+               for d in decisions)
     assert {"auto_k2_c2.png", "rate_steps_c2.png", "vs_concurrency.png"} <= {p.name for p in tmp_path.glob("*.png")}
 
 

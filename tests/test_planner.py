@@ -246,8 +246,18 @@ def test_a_close_contender_is_tried_until_measured_then_judged_on_its_measuremen
     ran = _run_for(planner, clock, requests, 0.16, delivered=1 / 3, spells=spells)
     tried = ran[0]
     assert tried in contenders and set(ran) == {tried} and planner.explorations == 1
-    assert planner.replan(requests, K_MAX).layout != tried
+    last = planner.replan(requests, K_MAX)
+    assert last.layout != tried
     assert planner.slowdown(tried) == pytest.approx(3.0, rel=0.05)
+    # Every decision is on record (GetServerInfo, the bench's plot): what was chosen, whether
+    # as a trial, and what each layout was predicted to give then.
+    decisions = planner.describe(planning=True)[1].history
+    assert [d.layout for d in decisions] == [best.layout, *ran, last.layout]
+    assert [d.trying for d in decisions[:-1]] == ["", *[tried] * len(ran)]
+    assert decisions[-1].trying in ("", last.layout)       # (the next contender's trial, maybe)
+    assert dict(decisions[-1].layout_tokens_per_s) == pytest.approx(last.considered)
+    assert all(d.requests == len(requests) for d in decisions)
+    assert [d.at_s for d in decisions] == sorted(d.at_s for d in decisions)
 
 
 def test_lent_cores_cost_the_own_cores_times_robust_ratios():
@@ -527,3 +537,29 @@ def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(cloc
     while planner.plan.layout == "sd":      # the trial, delivering as predicted
         _run_for(planner, clock, requests, 0.1, delivered=1.0)
     assert planner.slowdown("sd") == pytest.approx(1.0, abs=0.02)
+
+
+def test_re_checks_take_a_bounded_share_of_the_time(clock):
+    """Trials of layouts measured before take at most EXPLORE_SHARE of the running time,
+    however often the re-check schedule says one is due (at low concurrency the load swings
+    with every wave and resets it): each trial costs two switches and runs a layout likely
+    worse. A layout never measured is tried whatever the budget."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
+    for layout in ("sd", "ar"):             # each measured for a moment, as predicted
+        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    spell_s, spells = 0.1, 400
+    for _ in range(spells):
+        planner._recheck_after.clear()      # the load swung: every re-check is due at its shortest
+        _run_for(planner, clock, requests, spell_s, delivered=1.0)
+    trials = sum(1 for d in planner.history if d.trying)
+    assert trials, "never re-checked"
+    assert trials * spell_s <= auto.EXPLORE_SHARE * spells * spell_s + auto.EXPLORE_MAX_S
+    # A layout never measured is tried at once, budget spent or not.
+    planner._measured["sd"].clear()
+    assert _run_for(planner, clock, requests, spell_s, delivered=1.0) == ["sd"]

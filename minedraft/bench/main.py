@@ -74,6 +74,9 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     with Client(address, timeout=600) as client:
         client.generate(workload.prompts[0], max_tokens=4)                          # warm-up
         skip = len(client.step_stats())
+        # auto's decisions so far (the warm-up's) are not the run's
+        plan = plain(client.server_info()).get("plan") or {}
+        seen = max((d["at_s"] for d in plan.get("history", [])), default=float("-inf"))
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
         workload = workload.head(len(arrivals))
@@ -97,9 +100,12 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
         row["schedule_start_s"] = min((c["start_s"] for c in steps), default=0.0) - min(t.start_s for t in timings)
     if info.get("cost_model", {}).get("draft_calls") or info.get("cost_model", {}).get("verify_calls"):
         row["cost_model"] = info["cost_model"]
+    history = []
     if info.get("mode") == "auto":
         row["plan"] = info.get("plan", {})
-    return {"row": row, "steps": steps, "token_ids": [t.token_ids for t in timings]}
+        # The run's decisions, on the steps' clock; kept beside the steps (round 1's are drawn).
+        history = [d for d in row["plan"].pop("history", []) if d["at_s"] > seen]
+    return {"row": row, "steps": steps, "token_ids": [t.token_ids for t in timings], "history": history}
 
 
 def run_one(spec: RunSpec, workload: Workload, args: argparse.Namespace) -> dict:
@@ -179,7 +185,7 @@ def plot_runs(runs: dict, concurrency: int, args: argparse.Namespace, out: Path)
     for (mode, k), result in runs.items():
         if mode == "auto":
             plot_auto(result["steps"], f"auto k={k} C={concurrency}", out, args.rate_steps,
-                      result["row"].get("schedule_start_s"))
+                      result["row"].get("schedule_start_s"), result["history"])
 
 
 def missing_extra(specs: list[RunSpec]) -> str | None:
@@ -214,7 +220,9 @@ def run(args: argparse.Namespace) -> int:
         top = headline(measured)
         if top is not None and top.subject["mode"] == "auto":
             top.subject.update(top.figures())
-        report["runs"] += [{**result["row"], "step_records": result["steps"]} for result in runs.values()] + peers
+        report["runs"] += [{**result["row"], "step_records": result["steps"],
+                            **({"plan_history": result["history"]} if result["history"] else {})}
+                           for result in runs.values()] + peers
         rows += measured
         print(terminal_table(measured, concurrency))
         plot_runs(runs, concurrency, args, out)

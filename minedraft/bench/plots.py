@@ -98,10 +98,12 @@ def _draw_rate(ax, phases: list[Phase]) -> None:
 
 
 def plot_auto(steps: list[dict], title: str, out: Path, phases: list[Phase] | None = None,
-              schedule_start_s: float | None = None) -> Path | None:
-    """What auto chose over the run: the layout of each step and its requests' mean and
-    longest draft length, and the offered rate where it stepped (the schedule's start placed
-    at the first request's first step); None for a run with no auto steps."""
+              schedule_start_s: float | None = None, history: list[dict] | None = None) -> Path | None:
+    """What auto chose over the run: the layout of each step, what it predicted each layout
+    would give when it decided (`history`: AutoPlan.history, on the steps' clock; trials
+    marked), its requests' mean and longest draft length, and the offered rate where it
+    stepped (the schedule's start placed at the first request's first step); None for a run
+    with no auto steps."""
     from minedraft.bench.report import auto_steps
 
     chosen = auto_steps(steps)
@@ -110,23 +112,44 @@ def plot_auto(steps: list[dict], title: str, out: Path, phases: list[Phase] | No
     plt = _pyplot()
     origin = schedule_start_s if schedule_start_s is not None else chosen[0][0]
     times = [start - origin for start, _, _ in chosen]
-    panels = 3 if phases else 2
+    decisions = [d for d in history or [] if d["at_s"] <= chosen[-1][0]]
+    panels = 2 + bool(decisions) + bool(phases)
     fig, axes = plt.subplots(panels, 1, figsize=(10, 1.8 * panels + 1), sharex=True)
-    ax_layout, ax_k = axes[0], axes[1]
+    ax_layout, ax_k = axes[0], axes[2 if decisions else 1]
     ax_layout.plot(times, [LAYOUTS.index(layout) if layout in LAYOUTS else -1 for _, layout, _ in chosen],
                    "|", markersize=8, color="black")
     ax_layout.set_yticks(range(len(LAYOUTS)), labels=list(LAYOUTS))
     ax_layout.set_ylim(-0.5, len(LAYOUTS) - 0.5)
     ax_layout.set(ylabel="layout", title=title)
+    if decisions:
+        _draw_predictions(axes[1], decisions, origin)
     ax_k.plot(times, [sum(ks) / len(ks) if ks else 0 for _, _, ks in chosen], ".", markersize=3, label="mean k")
     ax_k.plot(times, [max(ks, default=0) for _, _, ks in chosen], "_", markersize=6, alpha=0.7, label="max k")
     ax_k.set(ylabel="draft length")
     ax_k.legend(loc="upper right")
     if phases:
-        _draw_rate(axes[2], phases)
+        _draw_rate(axes[-1], phases)
     axes[-1].set(xlabel="s since the run's start")
     path = _save(fig, out / _file_name("", title))
     return path
+
+
+def _draw_predictions(ax, decisions: list[dict], origin: float) -> None:
+    """Each layout's predicted tok/s at every decision; a ring where that layout was chosen,
+    a cross where it was chosen as a trial."""
+    times = [d["at_s"] - origin for d in decisions]
+    for layout in LAYOUTS:
+        rates = [d["layout_tokens_per_s"].get(layout) for d in decisions]
+        if not any(rate is not None for rate in rates):
+            continue
+        line, = ax.plot(times, [float("nan") if r is None else r for r in rates], "-", linewidth=1, label=layout)
+        for marker, trial in (("o", False), ("x", True)):
+            picked = [(t, r) for t, r, d in zip(times, rates, decisions)
+                      if d["layout"] == layout and bool(d.get("trying")) == trial and r is not None]
+            if picked:
+                ax.plot(*zip(*picked), marker, markersize=4, fillstyle="none", color=line.get_color())
+    ax.set(ylabel="predicted tok/s")
+    ax.legend(loc="upper right", title="o chosen, x trial", fontsize="small", title_fontsize="small")
 
 
 def plot_rate_steps(rows: list[dict], phases: list[Phase], out: Path) -> list[Path]:

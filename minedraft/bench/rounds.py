@@ -54,9 +54,10 @@ def fold_rows(rounds: list[list[dict]]) -> list[dict]:
 
 
 def fold_runs(rounds: list[dict]) -> dict:
-    """Measured runs of every round ((mode, k) -> {"row", "steps", "token_ids"}) -> one per
-    (mode, k): the median row, and round 1's step records and outputs. Round 1's, not the
-    rounds pooled: the timeline and auto's choices are drawn on one run's clock, and the
-    figures made from step records (shares, the cost model's error) are already medians."""
+    """Measured runs of every round ((mode, k) -> {"row", "steps", "token_ids", "history"}) ->
+    one per (mode, k): the median row, and round 1's step records, outputs and auto's
+    decisions. Round 1's, not the rounds pooled: the timeline and auto's choices are drawn on
+    one run's clock, and the figures made from step records (shares, the cost model's error)
+    are already medians."""
     return {key: {**run, "row": median_row([runs[key]["row"] for runs in rounds if key in runs])}
             for key, run in rounds[0].items()}

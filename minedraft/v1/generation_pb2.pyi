@@ -131,7 +131,7 @@ class CostModel(_message.Message):
     def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
-    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown")
+    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown", "history")
     class LayoutTokensPerSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class AutoPlan(_message.Message):
     LAYOUT_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
     EXPLORATIONS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_PREFILL_SLOWDOWN_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
     layout: str
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     predicted_tokens_per_s: float
@@ -173,7 +174,29 @@ class AutoPlan(_message.Message):
     layout_slowdown: _containers.ScalarMap[str, float]
     explorations: int
     layout_prefill_slowdown: _containers.ScalarMap[str, float]
-    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ..., layout_prefill_slowdown: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    history: _containers.RepeatedCompositeFieldContainer[PlanDecision]
+    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ..., layout_prefill_slowdown: _Optional[_Mapping[str, float]] = ..., history: _Optional[_Iterable[_Union[PlanDecision, _Mapping]]] = ...) -> None: ...
+
+class PlanDecision(_message.Message):
+    __slots__ = ("at_s", "layout", "trying", "requests", "layout_tokens_per_s")
+    class LayoutTokensPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    AT_S_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    TRYING_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    at_s: float
+    layout: str
+    trying: str
+    requests: int
+    layout_tokens_per_s: _containers.ScalarMap[str, float]
+    def __init__(self, at_s: _Optional[float] = ..., layout: _Optional[str] = ..., trying: _Optional[str] = ..., requests: _Optional[int] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
     __slots__ = ("version", "mode", "k", "target_model", "draft_model", "max_batch", "num_drafters", "synthetic_acceptance", "cost_model", "plan")
