@@ -23,6 +23,7 @@ contender rather than on the model alone.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import zlib
 from collections import deque
@@ -56,7 +57,8 @@ RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its 
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 EXPLORE_SHARE = 0.1         # trials of layouts measured before take at most this share of the time
-                            # requests ran (each costs two switches and runs a layout likely worse)
+                            # requests ran (each costs two switches and runs a layout likely worse),
+EXPLORE_WINDOW_S = 60.0     # of about the last this long (an hour without trials earns no burst)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
@@ -105,8 +107,8 @@ class AutoPlanner:
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
         self._started = time.monotonic()
-        self._running_s = 0.0           # time with requests running, from plan to plan ...
-        self._trial_s = 0.0             # ... and the part of it spent on trials
+        self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
+        self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
         self._plan_ran = False          # the plan in force has requests running (no idle since)
         self._plan_tried = False        # ... and is a trial
         # What was decided when, and what each layout was predicted to give then; the times on
@@ -201,8 +203,10 @@ class AutoPlanner:
         now = time.monotonic()
         self._end_spell(now)
         if self._plan_ran:
-            self._running_s += now - self._planned_at
-            self._trial_s += (now - self._planned_at) if self._plan_tried else 0.0
+            ran = now - self._planned_at
+            decay = math.exp(-ran / EXPLORE_WINDOW_S)
+            self._running_s = self._running_s * decay + ran
+            self._trial_s = self._trial_s * decay + (ran if self._plan_tried else 0.0)
         moved = self._moved(len(requests))
         if moved:
             self._exploring = None          # a trial begun for other requests: decide afresh

@@ -522,7 +522,8 @@ def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(cloc
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
-    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
+    # (long enough that the trial budget, test_re_checks_take_a_bounded_share_of_the_time, allows one)
+    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=40)) == {"psd"}
     for _ in range(2):                      # 0.48 s of sd measured, 20% slower than predicted
         planner._measured["sd"].append((clock[0], 0.2, 0.0, 0.24))
     assert planner.slowdown("sd") == pytest.approx(1.2, rel=0.01)
@@ -563,3 +564,25 @@ def test_re_checks_take_a_bounded_share_of_the_time(clock):
     # A layout never measured is tried at once, budget spent or not.
     planner._measured["sd"].clear()
     assert _run_for(planner, clock, requests, spell_s, delivered=1.0) == ["sd"]
+
+
+def test_the_trial_budget_is_over_recent_running_time(clock):
+    """Long running without trials earns no burst of them: the budget counts about the last
+    EXPLORE_WINDOW_S of running time."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    for layout in ("sd", "ar"):
+        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(20 * auto.EXPLORE_WINDOW_S))
+    assert planner._running_s < 1.5 * auto.EXPLORE_WINDOW_S
+    before = sum(1 for d in planner.history if d.trying)
+    spell_s, spells = 0.1, 100
+    for _ in range(spells):
+        planner._recheck_after.clear()
+        _run_for(planner, clock, requests, spell_s, delivered=1.0)
+    trials = sum(1 for d in planner.history if d.trying) - before
+    assert trials * spell_s <= auto.EXPLORE_SHARE * 1.5 * auto.EXPLORE_WINDOW_S + auto.EXPLORE_MAX_S
