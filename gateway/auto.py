@@ -109,8 +109,6 @@ class AutoPlanner:
         self._started = time.monotonic()
         self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
         self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
-        self._plan_ran = False          # the plan in force has requests running (no idle since)
-        self._plan_tried = False        # ... and is a trial
         # What was decided when, and what each layout was predicted to give then; the times on
         # the step records' clock (the Batch Manager sets the origin to theirs).
         self.history: deque[generation_pb2.PlanDecision] = deque(maxlen=HISTORY_KEPT)
@@ -133,7 +131,6 @@ class AutoPlanner:
         and so does the first one after it (the pipeline refills)."""
         self._spell = None
         self._steady = False
-        self._plan_ran = False
 
     def _end_spell(self, now: float) -> None:
         spell, self._spell = self._spell, None
@@ -202,11 +199,12 @@ class AutoPlanner:
         (0 while no drafter can draft)."""
         now = time.monotonic()
         self._end_spell(now)
-        if self._plan_ran:
+        if self._steady:                    # the plan in force ran requests until now
             ran = now - self._planned_at
+            tried = self._exploring is not None and self.plan.layout == self._exploring[0]
             decay = math.exp(-ran / EXPLORE_WINDOW_S)
             self._running_s = self._running_s * decay + ran
-            self._trial_s = self._trial_s * decay + (ran if self._plan_tried else 0.0)
+            self._trial_s = self._trial_s * decay + (ran if tried else 0.0)
         moved = self._moved(len(requests))
         if moved:
             self._exploring = None          # a trial begun for other requests: decide afresh
@@ -248,8 +246,6 @@ class AutoPlanner:
             self._spell = _Spell(plan.layout, now, plan.decode_tokens_per_s, self.costs().prefill_per_token(plan.layout),
                                  counted=self._steady and not self._settling)
         self._steady = bool(requests)
-        self._plan_ran = bool(requests)
-        self._plan_tried = self._exploring is not None and plan.layout == self._exploring[0]
         if switched:
             self.layout_switches += 1
             logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s%s)",
@@ -301,7 +297,7 @@ class AutoPlanner:
         """Whether a layout measured before may be tried again now: trials so far took at
         most EXPLORE_SHARE of the running time (with this one's shortest length counted).
         Every layout's first measurement is free of this: the choice needs one of each. At
-        low concurrency every layout is predicted within a few percent of the others, and
+        low concurrency the layouts are predicted within 10-20% of each other, and
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""
         return self._trial_s + MEASURED_ENOUGH_S <= EXPLORE_SHARE * self._running_s
