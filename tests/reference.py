@@ -26,17 +26,17 @@ def greedy_reference(prompts: list[str], max_tokens: int) -> tuple[LLM, list[lis
     return llm, [o.token_ids for o in outputs]
 
 
-def is_near_tie(llm: LLM, prompt: str, expected: list[int], got: list[int]) -> bool:
-    """True when the first token where `got` leaves `expected` is decided by two target logits
-    within NEAR_TIE (a run that only stops early or late is no tie)."""
+def divergence(llm: LLM, prompt: str, expected: list[int], got: list[int]) -> tuple[int, float]:
+    """(the first position where `got` leaves `expected`, the target's top-1 minus top-2 logit
+    there: a near-tie when under NEAR_TIE); (-1, inf) when one only stops early or late (no tie)."""
     first = next((i for i, (a, b) in enumerate(zip(expected, got)) if a != b), None)
     if first is None:
-        return False
+        return -1, float("inf")
     runner = llm.verifier.runner
     logits = runner.forward([ForwardChunk("near-tie-check", llm.tokenizer.encode(prompt) + expected[:first])])[0]
     runner.free("near-tie-check")
     top2 = logits.topk(2).values
-    return float(top2[0] - top2[1]) < NEAR_TIE
+    return first, float(top2[0] - top2[1])
 
 
 def assert_matches_reference(llm: LLM, prompts: list[str], expected: list[list[int]],
@@ -46,7 +46,11 @@ def assert_matches_reference(llm: LLM, prompts: list[str], expected: list[list[i
     near_ties = 0
     for prompt, exp, got in zip(prompts, expected, outputs):
         if got != exp:
-            assert is_near_tie(llm, prompt, exp, got), f"{label} diverged from the reference without a near-tie"
+            first, gap = divergence(llm, prompt, exp, got)
+            assert gap < NEAR_TIE, (f"{label} diverged from the reference without a near-tie: prompt "
+                                    f"{prompts.index(prompt)}, token {first} of {len(exp)}: expected "
+                                    f"{exp[max(0, first - 2):first + 3]}, got {got[max(0, first - 2):first + 3]} "
+                                    f"(from {max(0, first - 2)}; top-2 logit gap {gap:.2e})")
             near_ties += 1
     print(f"{label}: {near_ties} divergence(s) at near-ties (< {NEAR_TIE})")
     assert near_ties <= 1, f"{label}: {near_ties} near-tie divergences"
