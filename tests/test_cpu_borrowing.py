@@ -114,7 +114,6 @@ def _plain_steps(executor, borrow: list[bool]) -> list[engine_pb2.VerifyStepResp
     servicer = VerifierServicer(executor, pairings=None, model_name="tiny")
     new = engine_pb2.NewRequest(request_id="r", token_ids=[3, 4, 5],
                                 sampling=generation_pb2.SamplingOptions(max_tokens=8))
-
     return _serve(servicer, [engine_pb2.VerifyStepRequest(step_id=step_id, new_requests=[new] if step_id == 1 else [],
                                                           items=[engine_pb2.VerifyItem(request_id="r")],
                                                           borrow_cpus=flag)
