@@ -19,8 +19,7 @@ from drafter_svc.membership import Pairing, PoolAdmin, keep_paired
 from drafter_svc.servicer import DrafterServicer
 from minedraft import bundled
 from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
-from minedraft.service.flags import (add_borrow_cpus_arg, add_runner_args, check_borrow_cpus, resolve_model,
-                                     runner_config, service_parser)
+from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host
 from minedraft.service.placement import place_process, resolve_device
 from minedraft.service.runtime import add_log_format_arg, run
@@ -50,10 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--connect-timeout", type=float, default=300.0,
                         help="seconds to wait at start-up for the verifier to serve (the gateway of "
                              "--register-with is waited for as long as it takes)")
-    add_borrow_cpus_arg(parser,
-                        "cores the verifier lends, e.g. '0' or '0-3': a step that says borrow_cpus (the "
-                        "verifier waiting for these drafts) computes on them too, until a drafting step "
-                        "without it. CPU only (otherwise ignored) (default: none)")
     add_server_args(parser, public=False)
     add_dial_args(parser, internal=True)
     return parser
@@ -67,7 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.dial = DialSecurity.from_args(args, internal=True)
     except SecurityError as err:
         parser.error(str(err))
-    check_borrow_cpus(parser, args)
     return args
 
 
@@ -100,9 +94,7 @@ def _sender_factory(verifier_address: str, drafter_id: str, device: str, dial: D
 async def serve(args: argparse.Namespace) -> None:
     from minedraft.drafter import Drafter
     from minedraft.model_runner import ModelRunner
-    from minedraft.service.cpu_lending import core_lender
 
-    lender = core_lender(args.borrow_cpus, args.cpus, args.threads, args.device, service="this drafter")
     place_process(args.cpus)
     device, gpu_lock = resolve_device(args.device, args.gpu_lock_dir)
     config = runner_config(args, device=device)
@@ -114,7 +106,7 @@ async def serve(args: argparse.Namespace) -> None:
     pairing = Pairing(engine_pb2_grpc.VerifierStub(verifier_channel), drafter_id,
                       _sender_factory(args.verifier, drafter_id, device, args.dial))
     sender = await pairing.connect()
-    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, drafter_id, lender)
+    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, drafter_id)
     served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                 args.host, args.port, ["minedraft.v1.Drafter"], args.port_file,
                                 credentials=args.serving.credentials(), interceptors=args.serving.interceptors())

@@ -3,8 +3,6 @@
 Drafting runs on one compute thread; sending the drafts runs on a second thread, so a
 step returns as soon as its drafts are handed to the data plane (the verifier picks them
 up when it verifies that batch, possibly a whole step later in batch-parallel mode).
-A drafting step that says borrow_cpus computes on the verifier's lent cores too
-(`cpu_lending.py`); the next drafting step without it hands them back.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from minedraft.drafter import Drafter
 from minedraft.engine_requests import StepCheck, UnknownRequest
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import engine_info, params_from_proto
-from minedraft.service.cpu_lending import CoreLender
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
@@ -31,11 +28,8 @@ logger = logging.getLogger("minedraft.drafter")
 
 class DrafterServicer(engine_pb2_grpc.DrafterServicer):
     def __init__(self, drafter: Drafter, sender: DraftSender, data_plane: str, model_name: str,
-                 drafter_id: str, lender: CoreLender | None = None) -> None:
-        """lender: the verifier's cores, computed on too by steps that say borrow_cpus (None:
-        nothing to borrow)."""
+                 drafter_id: str) -> None:
         self.drafter = drafter
-        self.lender = lender
         self.drafter_id = drafter_id
         self.instance_id = uuid.uuid4().hex
         self.sender = sender
@@ -64,9 +58,6 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         if request.reset:
             self.drafter.remove_all()
         check_draft_step(request, self.drafter)
-        # Only a step that drafts moves the threads: a call that only frees keeps them as they are.
-        if self.lender is not None and request.items:
-            self.lender.use(request.borrow_cpus)
         for rid in request.finished:
             self.drafter.remove_request(rid)
         for new in request.new_requests:
@@ -83,8 +74,7 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
             self.sending.submit(self._send, DraftPayload(request.step_id, torch.tensor(flat, dtype=torch.int64)))
         # The send runs after this answer: these are the previous completed send's figures.
         return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=busy_s,
-                                            sent_bytes=self.sender.last_bytes,
-                                            borrowed=self.lender is not None and self.lender.borrowing)
+                                            sent_bytes=self.sender.last_bytes)
 
     def _send(self, payload: DraftPayload) -> None:
         """On the send thread. A failed send loses only these drafts (the verifier verifies

@@ -263,9 +263,8 @@ class AutoPlanner:
             return {}
         tokens = sum(len(r.pending_diff) if r.known_to_drafter else len(r.seq.token_ids)
                      for r in requests if r.max_draft != 0)
-        costs = self.costs()
-        catch_up = costs.draft_per_new_token * tokens
-        return {"sd": catch_up * (costs.draft_borrowed_ratio or 1.0), "psd": catch_up}
+        catch_up = self.costs().draft_per_new_token * tokens
+        return {"sd": catch_up, "psd": catch_up}
 
     def _layout_to_try(self, best: Plan) -> str | None:
         """A contender not measured lately (or the one being tried, until it has been)."""
@@ -347,7 +346,7 @@ class AutoPlanner:
             verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token,
             draft_per_new_token_s=c.draft_per_new_token, verify_per_new_token_s=c.verify_per_new_token,
             verify_borrowed_per_new_token_s=c.borrowed_per_new_token, prompt_tokens_per_s=c.prompt_tokens_per_s,
-            prompt_per_output=c.prompt_per_output, draft_borrowed_ratio=c.draft_borrowed_ratio)
+            prompt_per_output=c.prompt_per_output)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

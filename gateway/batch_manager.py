@@ -67,7 +67,6 @@ class BatchManager:
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
-        self._verifying = 0                     # verify calls in flight (the verifier's cores are busy)
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
         METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
@@ -302,7 +301,9 @@ class BatchManager:
             if live and len(in_flight) < 2 and self.layout == "ar":
                 step_id = self.calls.next_step_id()
                 items = [DraftedItem(r, 0) for r in live]
-                borrow = self._may_borrow(batch, self._drafting)
+                # Nothing drafts now (the other batch is empty in this layout): the verifier
+                # may compute on the drafter's cores too.
+                borrow = self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
                 in_flight.append(asyncio.ensure_future(
                     self._verify_items(step_id, items, [], previous, borrow_cpus=borrow)))
                 previous = step_id
@@ -330,29 +331,16 @@ class BatchManager:
                 code, message = call_status(err)
                 logger.warning("could not free finished requests on %s (%s: %s)", name, code.name, message)
 
-    def _may_borrow(self, batch: Batch, other_calls: int) -> bool:
-        """In auto mode, whether `batch`'s next call may compute on the other service's cores
-        too: no other batch has requests (ar, sd) and the other service has no call in
-        flight (other_calls). It waits for this call's answer meanwhile, so lending costs it
-        nothing."""
-        return self.auto and not other_calls and not any(b.requests for b in self.batches if b is not batch)
-
     async def _verify(self, step_id: int, batch: Batch) -> None:
         try:
-            await self._verify_items(step_id, batch.drafted or [], batch.sources,
-                                     borrow_cpus=self._may_borrow(batch, self._drafting))
+            await self._verify_items(step_id, batch.drafted or [], batch.sources)
         finally:
             batch.drafted = None
 
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, borrow_cpus: bool = False) -> None:
         layout = self._step_layout()
-        self._verifying += 1
-        try:
-            response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout,
-                                                              borrow_cpus)
-        finally:
-            self._verifying -= 1
+        response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
         # A step counts towards a switch settling only once every request is where the
         # layout wants it (after psd, the second batch's last step hands its requests over).
         self.planner.observe_step(layout if self._in_shape() else "", sum(len(r.token_ids) for r in response.results),
@@ -414,10 +402,9 @@ class BatchManager:
             else:
                 by_drafter.setdefault(req.drafter, []).append((req, k))
         sources = []
-        borrow = self._may_borrow(batch, self._verifying)
         self._drafting += 1
         try:
-            answers = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout(), borrow)
+            answers = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout())
                        if by_drafter else [])
         finally:
             self._drafting -= 1

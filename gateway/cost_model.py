@@ -13,11 +13,9 @@ Prompt and catch-up tokens (requests new to a service, or back to drafting after
 their own feature: a long chunk costs less per token than decoding, and folding both into one
 slope skews the steady-state prediction the planner needs (which has none of them).
 
-On the cores the idle drafter lends it (auto mode's plain decoding, and the verify of its
-sequential SD) the verifier runs the same forwards with more threads: its time there is the
-own-core prediction times one measured ratio, the median over recent lent-core calls. The
-drafter likewise on the verifier's cores while the verifier waits for its drafts (sequential
-SD): one ratio of its own. One robust number needs few calls; a fit of its own
+On the cores the idle drafter lends it (plain decoding in auto mode) the verifier runs the same
+forwards with more threads: its time there is the own-core prediction times one measured ratio,
+the median over recent lent-core calls. One robust number needs few calls; a fit of its own
 had few points, collinear features (k = 0: tokens = requests) and took a slow first call
 after a switch as a cost of every prompt token, which once made plain decoding look 2.5x
 dearer than it was.
@@ -38,7 +36,6 @@ PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over le
 WORKLOAD_WINDOW = 64        # requests the prompt-per-output ratio is taken over
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
-DRAFT_LENT_WINDOW = 24      # ... and the drafter's
 
 
 class LinearFit:
@@ -122,8 +119,6 @@ class StepCosts:
     borrowed_per_request: float | None = None
     prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently (shown)
     prompt_per_output: float = 0.0      # prompt tokens per output token of the recent workload
-    draft_borrowed_ratio: float | None = None   # drafting on the verifier's cores too: busy time
-                                                # over the own cores' (None: nothing lent yet)
 
     def serving_rate(self, layout: str, decode_tokens_per_s: float, prefill_slowdown: float = 1.0) -> float:
         """Output tokens per second once every output token also carries its share of prompt
@@ -140,19 +135,16 @@ class StepCosts:
         lent cores, sd on the verifier and then the drafter, psd on both at once."""
         if layout == "ar":
             return self.verify_per_new_token if self.borrowed_per_new_token is None else self.borrowed_per_new_token
-        if layout == "sd":      # each on the other's cores too, where lent
-            verify = self.verify_per_new_token if self.borrowed_per_new_token is None else self.borrowed_per_new_token
-            return verify + self.draft_per_new_token * (self.draft_borrowed_ratio or 1.0)
+        if layout == "sd":
+            return self.verify_per_new_token + self.draft_per_new_token
         return max(self.verify_per_new_token, self.draft_per_new_token)
 
-    def draft(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
-        """new_tokens: catch-up tokens the first forward carries besides the drafts;
-        borrowed: on the verifier's lent cores too (where measured)."""
+    def draft(self, ks: list[int], new_tokens: int = 0) -> float:
+        """new_tokens: catch-up tokens the first forward carries besides the drafts."""
         if not ks or max(ks) == 0:
             return 0.0
-        own = (self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
-               + self.draft_per_new_token * new_tokens)
-        return own * (self.draft_borrowed_ratio or 1.0) if borrowed else own
+        return (self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
+                + self.draft_per_new_token * new_tokens)
 
     def verify(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
         """new_tokens: prompt tokens of requests new to the verifier, prefilled in the same forward."""
@@ -172,7 +164,7 @@ class StepCosts:
 
 class CostModel:
     """Online fits of the drafter's and the verifier's busy time (own cores, and lent cores
-    when either borrows the other's), and of the gateway's share."""
+    when the verifier borrows them), and of the gateway's share."""
 
     def __init__(self, prior: StepCosts | None = None) -> None:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
@@ -181,7 +173,6 @@ class CostModel:
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
-        self._draft_lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=DRAFT_LENT_WINDOW)
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
@@ -224,20 +215,16 @@ class CostModel:
 
     @property
     def draft_calls(self) -> int:
-        return self._draft.num_observations + len(self._draft_lent)
+        return self._draft.num_observations
 
     @property
     def verify_calls(self) -> int:
         return self._verify.num_observations + len(self._lent)
 
-    def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
+    def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0) -> None:
         if ks and max(ks) > 0:
-            self._track(self.costs().draft(ks, new_tokens, borrowed), busy_s)
-            features = (float(max(ks)), float(sum(ks)), 1.0, float(new_tokens))
-            if borrowed:
-                self._draft_lent.append((features, busy_s))
-            else:
-                self._draft.observe(features, busy_s)
+            self._track(self.costs().draft(ks, new_tokens), busy_s)
+            self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
 
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
         if ks:
@@ -293,12 +280,6 @@ class CostModel:
         prefill_ratio = min(decode_ratio, max(0.1, prefill_s / own_prefill_s)) if own_prefill_s else decode_ratio
         return decode_ratio, prefill_ratio
 
-    def _draft_lent_ratio(self) -> float | None:
-        """The drafter's lent-core busy time over its own cores' prediction for the same call,
-        the median over recent calls (against today's own-core fit)."""
-        ratios = [busy / own for features, busy in self._draft_lent if (own := self._draft.predict(features)) > 0]
-        return sorted(ratios)[len(ratios) // 2] if ratios else None
-
     def costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
@@ -312,5 +293,4 @@ class CostModel:
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
                          borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
                          prompt_per_output=self.prompt_per_output(),
-                         verify_per_request=verify_request, borrowed_per_request=borrowed[3],
-                         draft_borrowed_ratio=self._draft_lent_ratio())
+                         verify_per_request=verify_request, borrowed_per_request=borrowed[3])

@@ -168,15 +168,13 @@ class EngineCalls:
                     borrowed=response.borrowed)
         return response, new_tokens
 
-    async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]],
-                    borrow_cpus: bool = False
+    async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]]
                     ) -> tuple[engine_pb2.DraftStepResponse, float, list[tuple[ActiveRequest, int]]]:
         """Draft `items` (request, k) on one drafter: new requests go with their tokens,
         known ones with the tokens verified since it last heard (their diff). A request that
         ended or left this drafter since the batch chose it (this runs a loop turn later) is
-        left out. borrow_cpus: the verifier waits meanwhile, the drafter may compute on its
-        cores. -> (the answer, the busy time the cost model predicted, the items drafted in
-        the order of the answer's drafts)."""
+        left out. -> (the answer, the busy time the cost model predicted, the items drafted
+        in the order of the answer's drafts)."""
         items = [(req, k) for req, k in items if req.live and req.drafter is drafter]
         new_requests, updates = [], []
         for req, _ in items:
@@ -190,29 +188,27 @@ class EngineCalls:
         finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
         ks = [k for _, k in items]
         catch_up = sum(len(r.token_ids) for r in new_requests) + sum(len(u.new_token_ids) for u in updates)
-        predicted = self.model.costs().draft(ks, catch_up, borrow_cpus)
+        predicted = self.model.costs().draft(ks, catch_up)
         with naming(drafter.in_flight, [r.request_id for r, _ in items]):
             response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
                 step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
-                items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items],
-                borrow_cpus=borrow_cpus), timeout=self.deadlines("draft")), f"draft on {drafter.address}")
-        self.model.observe_draft(ks, response.busy_s, catch_up, response.borrowed)
+                items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
+                timeout=self.deadlines("draft")), f"draft on {drafter.address}")
+        self.model.observe_draft(ks, response.busy_s, catch_up)
         return response, predicted, items
 
     async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
-                        num_items: int, layout: str = "", borrow_cpus: bool = False
+                        num_items: int, layout: str = ""
                         ) -> list[tuple[DrafterHandle, engine_pb2.DraftStepResponse | BaseException,
                                         list[tuple[ActiveRequest, int]]]]:
         """One batch's draft step on each of its drafters, in parallel; -> (drafter, response
         or the call's exception, the items it drafted: all of them when the call failed). One
         record for the step: it lasts as long as the slowest drafter. The drafter's send waits
         for the verifier's matching receive, so the transfer is timed on the receiving side
-        (verify data_plane_s) only. borrow_cpus: see `draft`; asked of a lone drafter only
-        (drafters drafting at once would crowd the same lent cores)."""
+        (verify data_plane_s) only."""
         drafters = list(by_drafter)
-        borrow_cpus = borrow_cpus and len(drafters) == 1
         start = time.perf_counter()
-        results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d], borrow_cpus) for d in drafters),
+        results = await asyncio.gather(*(self.draft(step_id, d, by_drafter[d]) for d in drafters),
                                        return_exceptions=True)
         answered = [r for r in results if not isinstance(r, BaseException)]
         predicted = max((p for _, p, _ in answered), default=0.0)
@@ -223,7 +219,7 @@ class EngineCalls:
             self.record("draft", step_id, start, draft_busy_s=max(r.busy_s for r, _, _ in answered),
                         draft_batch=num_items, data_plane_bytes=sum(r.sent_bytes for r, _, _ in answered),
                         layout=layout, draft_lengths=[k for _, _, sent in answered for _, k in sent],
-                        predicted_busy_s=predicted, borrowed=any(r.borrowed for r, _, _ in answered))
+                        predicted_busy_s=predicted)
         return [(d, r, by_drafter[d]) if isinstance(r, BaseException) else (d, r[0], r[2])
                 for d, r in zip(drafters, results)]
 

@@ -7,17 +7,16 @@ that request i's drafts 1..j are all accepted, a request emits E_i = 1 + sum_{j 
 tokens a step.
 
   ar   one batch, k = 0:            rate = n / V'(0..0)
-  sd   one batch, draft then verify: rate = sum E_i / (t'(k) + V'(k) + 2 g)
+  sd   one batch, draft then verify: rate = sum E_i / (t(k) + V(k) + 2 g)
   psd  batches A and B overlapped:   rate = (sum_A E + sum_B E) /
                                             (max(t(A), V(B)) + max(t(B), V(A)) + g)
 
 where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
-verifier's on the cores the idle drafter lends it and t' the drafter's on the idle verifier's
-(t and V where nothing is lent: one waits while the other computes in ar and sd), and g the
+verifier's on the cores the idle drafter lends it (V where nothing is lent), and g the
 gateway's share per call (plain decoding keeps two steps in flight: its g hides). Every output
 token also carries its share of prompt prefill, rho prompt tokens per output token (measured
 on recent requests), at the layout's own price c (ar on the lent cores, sd on the verifier
-then the drafter, each on both services' cores, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
+then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
 is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
 over what the model predicted for what it delivered, decoding and prefill apart), so a
 layout that runs worse than its arithmetic says stops being chosen, and scaled by
@@ -153,7 +152,7 @@ def _step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
     if not drafting:
         return None
     if layout == "sd":
-        return costs.draft(list(ks), borrowed=True) + costs.verify(list(ks), borrowed=True) + 2 * g
+        return costs.draft(list(ks)) + costs.verify(list(ks)) + 2 * g
     if len(ks) < 2:
         return None
     ordered = sorted(ks, reverse=True)

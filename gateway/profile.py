@@ -34,12 +34,12 @@ def _request(index: int, max_tokens: int) -> ActiveRequest:
 
 async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: int, k_max: int) -> None:
     """Run the grid; a failure ends the profile early (logged): the online fit takes over.
-    Each size's first step (its prefill) and last steps ask for the other service's cores
-    (a service given none to borrow says so, and they count as ordinary steps)."""
+    Each size's first step (its prefill) and last steps ask for the drafter's cores (a
+    verifier given none to borrow says so, and they count as ordinary steps)."""
     started = time.perf_counter()
     sizes = sorted({min(b, max_batch) for b in BATCH_SIZES})
     ks = sorted({0, 1, max(1, k_max // 2), k_max}) if drafter is not None else [0]
-    steps_per_size = (len(ks) + 1) * REPEATS + 2 + len(ks)
+    steps_per_size = (len(ks) + 1) * REPEATS + 2
     max_tokens = len(sizes) * steps_per_size * (k_max + 1)     # a request takes part in every size's steps
     requests: list[ActiveRequest] = []
     try:
@@ -59,8 +59,6 @@ async def profile(calls: EngineCalls, drafter: DrafterHandle | None, max_batch: 
                     await _step(calls, drafter, batch, k, borrow=False)
             for _ in range(REPEATS):
                 await _step(calls, drafter, batch, 0, borrow=True)
-            for k in ks[1:]:            # sequential SD: each service on the other's cores too
-                await _step(calls, drafter, batch, k, borrow=True)
     except Exception as err:        # noqa: BLE001 - the profile only seeds the model
         code, message = call_status(err)
         logger.warning("start-up profile stopped early (%s: %s); auto mode fits the costs as it runs",
@@ -78,8 +76,7 @@ async def _step(calls: EngineCalls, drafter: DrafterHandle | None, batch: list[A
     step_id = calls.next_step_id()
     sources, items = [], [DraftedItem(r, 0) for r in batch]
     if k and drafter is not None:
-        answers = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile",
-                                        borrow_cpus=borrow)
+        answers = await calls.draft_all(step_id, {drafter: [(r, k) for r in batch]}, len(batch), "profile")
         (_, answer, _), = answers
         if isinstance(answer, BaseException):
             raise answer

@@ -68,25 +68,6 @@ def test_greedy_output_equals_reference_while_the_layout_switches(switching, pro
     assert_idle(switching)
 
 
-@pytest.mark.skipif(not ServeConfig(mode="auto").lent_cpus, reason="needs two cores: nothing to lend")
-def test_each_service_computes_on_the_others_cores_while_the_other_waits(switching, prompts):
-    """Plain decoding and sequential SD lend the idle service's cores to the busy one (the
-    drafter's to the verifier, the verifier's to the drafter); overlapped batches lend none.
-    A step right after a switch may find the other service still busy: it does not borrow."""
-    seen = len(_steps(switching))
-    generate_all(switching, [request(p) for p in prompts[:8]], concurrency=8)
-    steps = [s for s in _steps(switching)[seen:] if s["layout"] in LAYOUTS]
-    borrowed = {(layout, kind): Counter(s["borrowed"] for s in steps if (s["layout"], s["kind"]) == (layout, kind))
-                for layout, kind in [("ar", "verify"), ("sd", "draft"), ("sd", "verify"), ("psd", "draft"),
-                                     ("psd", "verify")]}
-    assert not borrowed["psd", "draft"][True] and not borrowed["psd", "verify"][True], borrowed
-    for key in [("ar", "verify"), ("sd", "draft"), ("sd", "verify")]:
-        assert borrowed[key][True] > borrowed[key][False], borrowed
-    with Client(switching.address, timeout=30) as client:
-        model = client.server_info()["cost_model"]
-    assert 0 < model["draft_borrowed_ratio"] < 2 and 0 < model["verify_borrowed_fixed_s"]
-
-
 def test_seeded_sampling_is_reproducible_across_switches(switching, prompts):
     requests = [request(p, temperature=t, top_p=tp, seed=s, max_tokens=16)
                 for p, (t, tp, s) in zip(prompts[:6], [(1.0, 1.0, 1), (0.7, 1.0, 2), (1.0, 0.8, 3)] * 2)]

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 from minedraft import bundled
 from minedraft.constants import DATA_PLANES, VERIFIER_PORT
-from minedraft.service.flags import (add_borrow_cpus_arg, add_runner_args, check_borrow_cpus, resolve_model,
-                                     runner_config, service_parser)
+from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
 from minedraft.service.runtime import add_log_format_arg, configure_logging, run
@@ -55,12 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tp-address", default="",
                         help="HOST:PORT of rank 0's rendezvous store (default: MASTER_ADDR:MASTER_PORT, "
                              "or a free local port when this process starts the ranks)")
-    add_borrow_cpus_arg(parser,
-                        "cores the drafter lends, e.g. '1' or '2-3': a step that says borrow_cpus (nothing "
-                        "drafting meanwhile) computes on them too, until a step without it. "
-                        "CPU and --tp 1 only (otherwise ignored): a GPU computes on its own device, and "
-                        "tensor-parallel ranks run in lockstep, so one rank's extra cores would only make "
-                        "the others wait (default: none)")
+    parser.add_argument("--borrow-cpus", default="",
+                        help="cores the drafter lends, e.g. '1' or '2-3': a step that says borrow_cpus (plain "
+                             "decoding, nothing drafting) computes on them too, until a step without it. "
+                             "CPU and --tp 1 only (otherwise ignored): a GPU computes on its own device, and "
+                             "tensor-parallel ranks run in lockstep, so one rank's extra cores would only make "
+                             "the others wait (default: none)")
     parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     add_server_args(parser, public=False)
@@ -78,7 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
-    check_borrow_cpus(parser, args)
+    try:
+        lent = parse_cpus(args.borrow_cpus)
+    except ValueError:
+        parser.error(f"--borrow-cpus: expected cores like '1' or '2-3,5', got {args.borrow_cpus!r}")
+    if hasattr(os, "sched_getaffinity") and lent - os.sched_getaffinity(0):
+        parser.error(f"--borrow-cpus: cores {sorted(lent - os.sched_getaffinity(0))} are not available "
+                     "to this process")
     env = os.environ
     if args.tp_rank is None and "RANK" in env and "WORLD_SIZE" in env:     # torchrun
         args.tp_rank, args.tp = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -118,11 +123,23 @@ def rank_cpus(cpus: str, rank: int, tp: int) -> str:
 
 
 def core_lender(args: argparse.Namespace, cpus: str) -> CoreLender | None:
-    """-> the switch onto the --borrow-cpus cores, or None (cpus: rank 0's own cores)."""
-    from minedraft.service.cpu_lending import core_lender
+    """-> the switch onto the --borrow-cpus cores, or None when there is nothing to borrow
+    (said once, at start-up). cpus: this process's own cores ('' = all it may use)."""
+    from minedraft.service.cpu_lending import CoreLender
 
-    return core_lender(args.borrow_cpus, cpus, args.threads, args.device,
-                       "tensor-parallel ranks run in lockstep" if args.tp > 1 else "", service="this verifier")
+    if not args.borrow_cpus:
+        return None
+    own = parse_cpus(cpus) or (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set())
+    lent = parse_cpus(args.borrow_cpus) - own
+    reason = ("tensor-parallel ranks run in lockstep" if args.tp > 1
+              else f"the device is {args.device}, not cpu" if args.device != "cpu"
+              else "this system cannot set a thread's cores" if not hasattr(os, "sched_setaffinity")
+              else "they are this verifier's own cores already (--cpus)" if not lent else "")
+    if reason:
+        logger.warning("--borrow-cpus %s: borrowing is off, %s", args.borrow_cpus, reason)
+        return None
+    logger.info("while nothing drafts, computing on cores %s too", sorted(lent))
+    return CoreLender(own, args.threads, lent)
 
 
 def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subprocess.Popen]:

@@ -117,8 +117,7 @@ class Cluster:
         self._spawn(name, ["drafter_svc", "--model", cfg.draft, *_revision(cfg.draft_revision), "--port", "0",
                            "--device", cfg.draft_device, "--threads", str(cfg.draft_threads),
                            "--cpus", cfg.draft_cpus, "--verifier", self.verifier_address,
-                           "--register-with", self.admin_address]
-                    + (["--borrow-cpus", cfg.draft_lent_cpus] if cfg.draft_lent_cpus else []) + self._common)
+                           "--register-with", self.admin_address] + self._common)
         return name
 
     def add_drafter(self, name: str | None = None) -> tuple[str, str]:

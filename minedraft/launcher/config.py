@@ -65,18 +65,9 @@ class ServeConfig:
 
     @property
     def lent_cpus(self) -> str:
-        """The drafters' cores the verifier computes on too while nothing drafts in auto mode
+        """The drafters' cores the verifier computes on too while auto mode decodes plainly
         ('' = none): only a one-rank verifier on CPU borrows, and only cores not its own."""
         own, lent = parse_cpus(self.target_cpus), parse_cpus(self.draft_cpus)
         if self.mode != "auto" or self.tp != 1 or self.target_device != "cpu" or not own or not lent or own & lent:
             return ""
         return self.draft_cpus
-
-    @property
-    def draft_lent_cpus(self) -> str:
-        """The verifier's cores the drafters compute on too while auto mode drafts
-        sequentially and the verifier waits ('' = none): a drafter on CPU, on cores not its own."""
-        own, lent = parse_cpus(self.draft_cpus), parse_cpus(self.target_cpus)
-        if self.mode != "auto" or self.draft_device != "cpu" or not own or not lent or own & lent:
-            return ""
-        return self.target_cpus

@@ -1,9 +1,7 @@
-"""Cores lent between the drafter and the verifier on CPU, in auto mode: the drafter's to the
-verifier while nothing drafts (plain decoding, and the verify of sequential speculative
-decoding), the verifier's to the drafter while the verifier waits for its drafts.
+"""The drafter's cores lent to the verifier while nothing drafts (auto mode's plain decoding).
 
-Lending moves every thread of the borrowing service onto its own cores plus the lent ones and
-raises torch's thread count to match; its next step that does not borrow hands them back.
+Lending moves every thread of the verifier onto its own cores plus the lent ones and raises
+torch's thread count to match; the next step that drafts again hands them back.
 
 Measured on a 2-core AMD EPYC VM (torch 2.13, OpenMP, 34 threads in the process): a switch
 costs ~0.1 ms (median), nearly all of it one sched_setaffinity per thread; torch.set_num_threads
@@ -16,11 +14,10 @@ price on every parallel region of every forward, so it is the deployment's choic
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
-from minedraft.service.placement import parse_cpus, pin_all_threads
+from minedraft.service.placement import pin_all_threads
 
 logger = logging.getLogger("minedraft.service")
 
@@ -60,22 +57,3 @@ class CoreLender:
         logger.debug("computing on cores %s with %d threads", sorted(self.all_cpus if borrow else self.own_cpus),
                      torch.get_num_threads())
         return borrow
-
-
-def core_lender(borrow_cpus: str, own_cpus: str, threads: int, device: str, off_reason: str = "",
-                service: str = "this service") -> CoreLender | None:
-    """-> the switch onto the --borrow-cpus cores, or None when there is nothing to borrow
-    (said once, at start-up). own_cpus: the process's own cores ('' = all it may use now);
-    off_reason: why the service cannot borrow whatever the cores ('' = it can)."""
-    if not borrow_cpus:
-        return None
-    own = parse_cpus(own_cpus) or (os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set())
-    lent = parse_cpus(borrow_cpus) - own
-    reason = (off_reason or (f"the device is {device}, not cpu" if device != "cpu" else "")
-              or ("this system cannot set a thread's cores" if not hasattr(os, "sched_setaffinity") else "")
-              or (f"they are {service}'s own cores already (--cpus)" if not lent else ""))
-    if reason:
-        logger.warning("--borrow-cpus %s: borrowing is off, %s", borrow_cpus, reason)
-        return None
-    logger.info("%s computes on cores %s too when asked to", service, sorted(lent))
-    return CoreLender(own, threads, lent)

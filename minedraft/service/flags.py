@@ -4,13 +4,11 @@ parser both build on: every flag's default shown in --help, and --version."""
 from __future__ import annotations
 
 import argparse
-import os
 
 from minedraft import __version__, help_format
 from minedraft.config import RunnerConfig
 from minedraft.constants import DTYPES
 from minedraft.model.hub import resolve_checkpoint
-from minedraft.service.placement import parse_cpus
 
 
 def service_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -58,18 +56,3 @@ def runner_config(args: argparse.Namespace, device: str | None = None) -> Runner
     return RunnerConfig(model_path=model_path, dtype=args.dtype, device=device or args.device,
                         block_size=args.block_size, num_blocks=args.num_blocks,
                         num_threads=args.threads, random_weights=args.random_weights)
-
-
-def add_borrow_cpus_arg(parser: argparse.ArgumentParser, help_text: str) -> None:
-    parser.add_argument("--borrow-cpus", default="", help=help_text)
-
-
-def check_borrow_cpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--borrow-cpus must name cores this process may run on."""
-    try:
-        lent = parse_cpus(args.borrow_cpus)
-    except ValueError:
-        parser.error(f"--borrow-cpus: expected cores like '1' or '2-3,5', got {args.borrow_cpus!r}")
-    if hasattr(os, "sched_getaffinity") and lent - os.sched_getaffinity(0):
-        parser.error(f"--borrow-cpus: cores {sorted(lent - os.sched_getaffinity(0))} are not available "
-                     "to this process")

@@ -36,7 +36,7 @@ class DraftItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset", "dismiss", "borrow_cpus")
+    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset", "dismiss")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
@@ -44,7 +44,6 @@ class DraftStepRequest(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     DISMISS_FIELD_NUMBER: _ClassVar[int]
-    BORROW_CPUS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     updates: _containers.RepeatedCompositeFieldContainer[TokenDiff]
@@ -52,20 +51,17 @@ class DraftStepRequest(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[DraftItem]
     reset: bool
     dismiss: bool
-    borrow_cpus: bool
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ..., borrow_cpus: _Optional[bool] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("step_id", "busy_s", "sent_bytes", "borrowed")
+    __slots__ = ("step_id", "busy_s", "sent_bytes")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     SENT_BYTES_FIELD_NUMBER: _ClassVar[int]
-    BORROWED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     busy_s: float
     sent_bytes: int
-    borrowed: bool
-    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ..., borrowed: _Optional[bool] = ...) -> None: ...
+    def __init__(self, step_id: _Optional[int] = ..., busy_s: _Optional[float] = ..., sent_bytes: _Optional[int] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
     __slots__ = ("request_id", "num_draft", "source", "drop")

@@ -95,7 +95,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s", "prompt_per_output", "draft_borrowed_ratio")
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s", "prompt_per_output")
     DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
@@ -112,7 +112,6 @@ class CostModel(_message.Message):
     VERIFY_BORROWED_PER_NEW_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     PROMPT_PER_OUTPUT_FIELD_NUMBER: _ClassVar[int]
-    DRAFT_BORROWED_RATIO_FIELD_NUMBER: _ClassVar[int]
     draft_fixed_s: float
     draft_per_forward_s: float
     draft_per_token_s: float
@@ -129,8 +128,7 @@ class CostModel(_message.Message):
     verify_borrowed_per_new_token_s: float
     prompt_tokens_per_s: float
     prompt_per_output: float
-    draft_borrowed_ratio: float
-    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ..., draft_borrowed_ratio: _Optional[float] = ...) -> None: ...
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
     __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown", "history")
