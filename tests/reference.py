@@ -44,13 +44,14 @@ def assert_matches_reference(llm: LLM, prompts: list[str], expected: list[list[i
     """Each output equals its reference, or leaves it at a near-tie; at most one such output."""
     assert len(outputs) == len(expected) == len(prompts), (len(outputs), len(expected), len(prompts))
     near_ties = 0
-    for prompt, exp, got in zip(prompts, expected, outputs):
+    for index, (prompt, exp, got) in enumerate(zip(prompts, expected, outputs)):
         if got != exp:
             first, gap = divergence(llm, prompt, exp, got)
-            assert gap < NEAR_TIE, (f"{label} diverged from the reference without a near-tie: prompt "
-                                    f"{prompts.index(prompt)}, token {first} of {len(exp)}: expected "
-                                    f"{exp[max(0, first - 2):first + 3]}, got {got[max(0, first - 2):first + 3]} "
-                                    f"(from {max(0, first - 2)}; top-2 logit gap {gap:.2e})")
+            shown = max(0, first - 2)
+            where = (f"{len(got)} tokens for {len(exp)}" if first < 0 else
+                     f"token {first}: expected {exp[shown:first + 3]}, got {got[shown:first + 3]} (from token "
+                     f"{shown}), top-2 logit gap {gap:.2e}")
+            assert gap < NEAR_TIE, f"{label} diverged from the reference without a near-tie: prompt {index}, {where}"
             near_ties += 1
     print(f"{label}: {near_ties} divergence(s) at near-ties (< {NEAR_TIE})")
     assert near_ties <= 1, f"{label}: {near_ties} near-tie divergences"
