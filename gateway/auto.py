@@ -100,6 +100,7 @@ class AutoPlanner:
         self._planned_for = 0
         self._steps = 0
         self._exploring: tuple[str, float] | None = None       # (layout, since)
+        self._first_trial = False       # ... the layout's first measurement (not a re-check)
         self._steady = False            # the last plan ran requests (not the first after idling)
         self._settling = 0              # steps of the new layout still to come back after a switch
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
@@ -201,7 +202,10 @@ class AutoPlanner:
         self._end_spell(now)
         if self._steady:                    # the plan in force ran requests until now
             ran = now - self._planned_at
-            tried = self._exploring is not None and self.plan.layout == self._exploring[0]
+            # A layout's first measurement is free of the budget (see _may_explore): only
+            # re-checks spend it.
+            tried = (self._exploring is not None and self.plan.layout == self._exploring[0]
+                     and not self._first_trial)
             decay = math.exp(-ran / EXPLORE_WINDOW_S)
             self._running_s = self._running_s * decay + ran
             self._trial_s = self._trial_s * decay + (ran if tried else 0.0)
@@ -289,14 +293,17 @@ class AutoPlanner:
                 if stale:           # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
                 self._exploring = (layout, now)
+                self._first_trial = not self._measured[layout]
                 self.explorations += 1
                 return layout
         return None
 
     def _may_explore(self) -> bool:
-        """Whether a layout measured before may be tried again now: trials so far took at
+        """Whether a layout measured before may be tried again now: re-checks so far took at
         most EXPLORE_SHARE of the running time (with this one's shortest length counted).
-        Every layout's first measurement is free of this: the choice needs one of each. At
+        Every layout's first measurement is free of this, and its time is not counted: the
+        choice needs one of each (counted, a first trial of a second or so at the start of a
+        short run left no re-check for the rest of it, whatever that trial had measured). At
         low concurrency the layouts are predicted within 10-20% of each other, and
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""

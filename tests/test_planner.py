@@ -566,6 +566,26 @@ def test_re_checks_take_a_bounded_share_of_the_time(clock):
     assert _run_for(planner, clock, requests, spell_s, delivered=1.0) == ["sd"]
 
 
+def test_a_layouts_first_measurement_does_not_spend_the_trial_budget(clock):
+    """The first trials of the contenders, at the start of a run, measure them below their
+    prediction (a trial's draft lengths still move as acceptance is learned): re-checks must
+    still come once the budget of re-checks allows, not only after the first trials' time
+    has been earned back (with it counted, none came for ten seconds)."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i, max_draft=1) for i in range(8)]
+    spell_s = 0.1
+    first = _run_for(planner, clock, requests, spell_s, delivered=0.7, spells=12)
+    assert {"sd", "psd"} <= set(first) and planner._trial_s == 0.0          # both measured, for free
+    later = _run_for(planner, clock, requests, spell_s, delivered=1.0, spells=40)
+    rechecks = sum(1 for d in list(planner.history)[-len(later):] if d.trying)
+    assert rechecks, "".join(layout[0] for layout in later)
+    assert rechecks * spell_s <= auto.EXPLORE_SHARE * len(later) * spell_s + auto.EXPLORE_MAX_S
+
+
 def test_the_trial_budget_is_over_recent_running_time(clock):
     """Long running without trials earns no burst of them: the budget counts about the last
     EXPLORE_WINDOW_S of running time."""
