@@ -99,8 +99,9 @@ class AutoPlanner:
         self._planned_at = float("-inf")
         self._planned_for = 0
         self._steps = 0
-        self._exploring: tuple[str, float] | None = None       # (layout, since)
-        self._first_trial = False       # ... the layout's first measurement (not a re-check)
+        # The layout being tried: (layout, since, whether it is its first measurement rather
+        # than a re-check).
+        self._exploring: tuple[str, float, bool] | None = None
         self._steady = False            # the last plan ran requests (not the first after idling)
         self._settling = 0              # steps of the new layout still to come back after a switch
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried)
@@ -204,8 +205,7 @@ class AutoPlanner:
             ran = now - self._planned_at
             # A layout's first measurement is free of the budget (see _may_explore): only
             # re-checks spend it.
-            tried = (self._exploring is not None and self.plan.layout == self._exploring[0]
-                     and not self._first_trial)
+            tried = self._exploring is not None and self.plan.layout == self._exploring[0] and not self._exploring[2]
             decay = math.exp(-ran / EXPLORE_WINDOW_S)
             self._running_s = self._running_s * decay + ran
             self._trial_s = self._trial_s * decay + (ran if tried else 0.0)
@@ -274,7 +274,7 @@ class AutoPlanner:
         """A contender not measured lately (or the one being tried, until it has been)."""
         now = time.monotonic()
         if self._exploring is not None:
-            layout, since = self._exploring
+            layout, since, _ = self._exploring
             measured = self._measured_s(layout, since)
             if layout in best.considered and measured < MEASURED_ENOUGH_S and now - since < EXPLORE_MAX_S:
                 return layout
@@ -292,8 +292,7 @@ class AutoPlanner:
             if close or stale:
                 if stale:           # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
-                self._exploring = (layout, now)
-                self._first_trial = not self._measured[layout]
+                self._exploring = (layout, now, not self._measured[layout])
                 self.explorations += 1
                 return layout
         return None
