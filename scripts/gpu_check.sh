@@ -21,12 +21,12 @@ if [[ "$DEVICE" == "cuda" ]]; then
   $PY scripts/make_model_config.py qwen3-1.7b "$MODELS/draft"
   TARGET_DEV=cuda:0; DRAFT_DEV=cuda:$(( NGPU > 1 ? 1 : 0 )); DTYPE=bfloat16; PLANE=inband
   [[ $NGPU -gt 1 ]] && PLANE=gloo
-  BLOCKS=2048; CONC="16 32"; KS="2 4"
+  BLOCKS=2048; CONC="16 32"; KS="2 4"; WARMUP=3
 else
   NGPU=0
   $PY scripts/make_model_config.py tiny-target "$MODELS/target"
   $PY scripts/make_model_config.py tiny-draft "$MODELS/draft"
-  TARGET_DEV=cpu; DRAFT_DEV=cpu; DTYPE=float32; PLANE=gloo; BLOCKS=512; CONC="4"; KS="2"
+  TARGET_DEV=cpu; DRAFT_DEV=cpu; DTYPE=float32; PLANE=gloo; BLOCKS=512; CONC="4"; KS="2"; WARMUP=0
 fi
 echo "device=$DEVICE gpus=$NGPU target=$TARGET_DEV draft=$DRAFT_DEV data_plane=$PLANE" | tee "$OUT/setup.txt"
 
@@ -40,4 +40,4 @@ $PY scripts/check_tensor_parallel.py --device "$DEVICE" 2>&1 | tee "$OUT/tensor_
 $PY -m minedraft.cli bench --modes ar sd psd --k $KS --concurrency $CONC --max-tokens 64 \
   --target "$MODELS/target" --draft "$MODELS/draft" --random-weights --synthetic-acceptance 0.8 \
   --dtype $DTYPE --target-device $TARGET_DEV --draft-device $DRAFT_DEV --data-plane $PLANE \
-  --num-blocks $BLOCKS --all-cpus 0-1 --out "$OUT" 2>&1 | tr '\r' '\n' | grep -v 'req/s]' | tee "$OUT/bench.txt"
+  --num-blocks $BLOCKS --all-cpus 0-1 --warmup-s $WARMUP --out "$OUT" 2>&1 | tr '\r' '\n' | grep -v 'req/s]' | tee "$OUT/bench.txt"

@@ -129,7 +129,7 @@ def test_bench_cli_tiny_run(tmp_path):
     from minedraft.cli import main
 
     rc = main(["bench", "--modes", "ar", "sd", "psd", "--k", "2", "--concurrency", "2", "--num-prompts", "4",
-               "--max-tokens", "8", "--rounds", "2", "--out", str(tmp_path)])
+               "--max-tokens", "8", "--rounds", "2", "--warmup-s", "0", "--out", str(tmp_path)])
     assert rc == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     rows = {r["mode"]: r for r in report["runs"]}
@@ -145,6 +145,26 @@ def test_bench_cli_tiny_run(tmp_path):
     assert report["environment"]["torch"]
     assert {p.name for p in tmp_path.glob("*.png")} == {"vs_k_c2.png", "vs_concurrency.png",
                                                         "timeline_psd_k2_c2.png"}
+
+
+def test_warm_up_runs_before_the_measured_run_and_is_not_counted(tmp_path):
+    """--warmup-s: the server serves the run's prompts for that long first (its step ids have
+    moved well past the four-token readiness request's), and nothing of it enters the
+    run's figures or step records: they count the same steps as a run from a cold start."""
+    from minedraft.cli import main
+
+    rows = {}
+    for warmup in ("0", "1"):
+        assert main(["bench", "--modes", "ar", "--concurrency", "2", "--num-prompts", "4", "--max-tokens", "8",
+                     "--warmup-s", warmup, "--out", str(tmp_path / warmup)]) == 0
+        rows[warmup] = json.loads((tmp_path / warmup / "bench.json").read_text())["runs"][0]
+    steps = {w: [s for s in row["step_records"] if s["kind"] == "verify"] for w, row in rows.items()}
+    assert rows["0"]["output_tokens"] == rows["1"]["output_tokens"] == 4 * 8
+    # ar runs one step per token of each request (and one in flight past the last).
+    assert sum(s["verify_batch"] for s in steps["1"]) == sum(s["verify_batch"] for s in steps["0"]) <= 4 * 9
+    # The readiness request takes a few steps; a second of warm-up at C = 2 many more.
+    assert min(s["step_id"] for s in steps["0"]) < 8 < 4 + 2 * 8 < min(s["step_id"] for s in steps["1"])
+    assert main(["bench", "--warmup-s", "-1", "--out", str(tmp_path)]) == 2
 
 
 def test_gpu_script_dry_run_on_cpu(tmp_path):
@@ -177,11 +197,11 @@ def test_bench_against_running_server_and_unequal_label(tmp_path):
 
     with Cluster(ServeConfig(mode="psd", k=3, max_batch=2, port=0)) as cluster:
         assert main(["bench", "--server", cluster.address, "--concurrency", "2", "--num-prompts", "4",
-                     "--max-tokens", "8", "--out", str(tmp_path / "server")]) == 0
+                     "--max-tokens", "8", "--warmup-s", "0", "--out", str(tmp_path / "server")]) == 0
     runs = json.loads((tmp_path / "server" / "bench.json").read_text())["runs"]
     assert [(r["mode"], r["k"]) for r in runs] == [("psd", 3)] and runs[0]["output_tokens"] == 32
     assert main(["bench", "--modes", "sd", "psd", "--k", "2", "--concurrency", "2", "--num-prompts", "2",
-                 "--max-tokens", "4", "--unequal", "--out", str(tmp_path / "unequal")]) == 0
+                 "--max-tokens", "4", "--unequal", "--warmup-s", "0", "--out", str(tmp_path / "unequal")]) == 0
     rows = json.loads((tmp_path / "unequal" / "bench.json").read_text())["runs"]
     unequal = next(r for r in rows if r["mode"] == "psd-2xC")
     assert unequal["concurrency"] == 4 and "UNEQUAL" in unequal["label"]

@@ -381,7 +381,7 @@ def test_auto_tiny_run_with_mixed_prompts_and_a_stepping_rate(tmp_path):
     from minedraft.cli import main
 
     rc = main(["bench", "--modes", "auto", "--k", "2", "--concurrency", "2", "--rate-steps", "3:1,6:1",
-               "--max-tokens", "8", "--dataset", "mixed", "--out", str(tmp_path)])
+               "--max-tokens", "8", "--dataset", "mixed", "--warmup-s", "0", "--out", str(tmp_path)])
     assert rc == 0
     report = json.loads((tmp_path / "bench.json").read_text())
     (row,) = report["runs"]

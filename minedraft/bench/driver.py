@@ -75,6 +75,33 @@ def poisson_times(count: int, rate: float, seed: int = 0) -> list[float]:
     return list(accumulate([0.0] + [rng.expovariate(rate) for _ in range(count - 1)]))[:count]
 
 
+async def warm_up(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool, concurrency: int,
+                  seconds: float, sampling: list[Sampling | None] | None = None) -> int:
+    """Serve the prompts in a closed loop at `concurrency`, cycling through them, until `seconds`
+    have passed (the requests in flight then run to their end): what a server has done before
+    anyone measures it, so a run starts from its steady state (auto mode has measured its
+    layouts, the services' allocators and caches are warm). -> requests served."""
+    options = [request_options(max_tokens, ignore_eos, own) for own in sampling or [None] * len(prompts)]
+    served = 0
+    async with AsyncClient(address, timeout=3600) as client:
+        await client.wait_ready(60)
+        deadline = time.perf_counter() + seconds
+        bar = tqdm(desc=f"warm-up {seconds:g} s", unit="req", leave=False)
+
+        async def worker() -> None:
+            nonlocal served
+            while time.perf_counter() < deadline:
+                i = served % len(prompts)
+                served += 1
+                async for _ in client.stream(prompts[i], options[i]):
+                    pass
+                bar.update(1)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        bar.close()
+    return served
+
+
 async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore_eos: bool,
                        concurrency: int, arrivals: list[float] | None, label: str,
                        sampling: list[Sampling | None] | None = None) -> tuple[list[RequestTiming], float]:

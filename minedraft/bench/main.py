@@ -33,7 +33,7 @@ import json
 import sys
 from pathlib import Path
 
-from minedraft.bench.driver import poisson_times, run_workload
+from minedraft.bench.driver import poisson_times, run_workload, warm_up
 from minedraft.bench.environment import environment
 from minedraft.bench.headline import ONE_CORE_AR, headline
 from minedraft.bench.peers import peer_rows
@@ -73,6 +73,10 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     label = f"{mode} k={k} C={concurrency}"
     with Client(address, timeout=600) as client:
         client.generate(workload.prompts[0], max_tokens=4)                          # warm-up
+    if args.warmup_s > 0:
+        asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
+                            args.warmup_s, sampling=workload.sampling))
+    with Client(address, timeout=600) as client:
         skip = len(client.step_stats())
         # auto's decisions so far (the warm-up's) are not the run's
         plan = plain(client.server_info()).get("plan") or {}
@@ -254,6 +258,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="make every run at a concurrency N times, interleaved (each round in another "
                             "order); report each figure's median, the throughput's spread, and the "
                             "headline's ratios paired within rounds (median and range)")
+    bench.add_argument("--warmup-s", type=float, default=5.0,
+                       help="before each measured run, serve the run's prompts at its concurrency for this "
+                            "long, unmeasured, as a running server has (auto mode's costs and acceptance "
+                            "learned, caches warm); 0 measures from a cold start")
     bench.add_argument("--max-tokens", type=int, default=64)
     bench.add_argument("--natural-stop", dest="ignore_eos", action="store_false",
                        help="stop at EOS instead of generating exactly --max-tokens")

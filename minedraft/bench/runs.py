@@ -71,6 +71,8 @@ def apply_presets(args: argparse.Namespace) -> str | None:
     if min([*args.concurrency, *args.k, *(args.psd_k or []), 1 if args.auto_k is None else args.auto_k,
             args.rounds]) < 1:
         return "--concurrency, --k, --psd-k, --auto-k and --rounds must be at least 1"
+    if not args.warmup_s >= 0:
+        return "--warmup-s is a duration in seconds: 0 or more"
     return None
 
 
