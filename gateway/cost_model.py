@@ -36,6 +36,7 @@ PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over le
 WORKLOAD_WINDOW = 64        # requests the prompt-per-output ratio is taken over
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
+MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
 class LinearFit:
@@ -119,6 +120,9 @@ class StepCosts:
     borrowed_per_request: float | None = None
     prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently (shown)
     prompt_per_output: float = 0.0      # prompt tokens per output token of the recent workload
+    # How far one call's busy time strays from its prediction, relative (a standard deviation):
+    # what two overlapped calls cost beyond the longer prediction (planner.expected_max).
+    jitter: float = 0.0
 
     def serving_rate(self, layout: str, decode_tokens_per_s: float, prefill_slowdown: float = 1.0) -> float:
         """Output tokens per second once every output token also carries its share of prompt
@@ -249,6 +253,13 @@ class CostModel:
         """How far the model's predictions of recent calls were from what they took."""
         return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
 
+    @property
+    def jitter(self) -> float:
+        """The relative standard deviation of a call's busy time around its prediction, read
+        from the median error as a normal spread's (median |x| = 0.674 sigma); at most
+        MAX_JITTER, so a run of outliers cannot price overlap out altogether."""
+        return min(MAX_JITTER, self.median_error / 0.6745)
+
     def _lent_ratios(self) -> tuple[float, float] | None:
         """(decoding, prefill): lent-core busy time over the own cores' prediction for the
         same call (against today's own-core fit, so an old ratio never rests on an old
@@ -293,4 +304,5 @@ class CostModel:
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
                          borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
                          prompt_per_output=self.prompt_per_output(),
-                         verify_per_request=verify_request, borrowed_per_request=borrowed[3])
+                         verify_per_request=verify_request, borrowed_per_request=borrowed[3],
+                         jitter=self.jitter)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gateway.cost_model import CostModel, LinearFit, StepCosts
-from gateway.planner import PlanRequest, choose_plan
+from gateway.planner import PlanRequest, choose_plan, expected_max
 
 K_MAX = 8
 
@@ -69,6 +69,55 @@ def test_requests_that_draft_badly_draft_less_than_those_that_draft_well():
     good = [plan.draft_lengths[f"r{i}"] for i in range(4)]
     bad = [plan.draft_lengths[f"bad{i}"] for i in range(4)]
     assert min(good) > max(bad)
+
+
+def test_expected_max_of_two_calls_that_stray():
+    """Two level calls cost about 0.56 sigma more than either (E max of two normals); far
+    apart, the longer alone; no jitter, the plain max; the order never matters."""
+    assert expected_max(10.0, 10.0, 0.0) == 10.0 and expected_max(3.0, 7.0, 0.0) == 7.0
+    level = expected_max(10.0, 10.0, 0.2)
+    assert level == pytest.approx(10.0 + 0.2 * 10.0 * math.sqrt(2) / math.sqrt(2 * math.pi))
+    assert expected_max(10.0, 4.0, 0.2) == pytest.approx(expected_max(4.0, 10.0, 0.2))
+    assert 10.0 < expected_max(10.0, 4.0, 0.2) < 10.0 + 0.01
+    # Monte Carlo agrees (independent normals, relative spread 0.2).
+    rng = random.Random(1)
+    draws = [max(rng.gauss(10.0, 2.0), rng.gauss(8.0, 1.6)) for _ in range(40000)]
+    assert expected_max(10.0, 8.0, 0.2) == pytest.approx(sum(draws) / len(draws), rel=0.01)
+
+
+def test_psd_is_priced_with_the_gateway_at_each_half_step_and_the_jitter_of_level_calls():
+    """One request per batch, drafts as long as verifies: psd's cycle is two half-steps,
+    each the expected longer of a draft and a verify plus the gateway's share of a call; sd
+    pays both calls' times and shares. With a share as dear as the compute psd gains nothing;
+    jitter makes psd dearer still, never sd."""
+    calm = StepCosts(draft_per_forward=2e-3, draft_per_token=0.0, draft_fixed=0.0,
+                     verify_fixed=8e-3, verify_per_token=0.0, gateway_per_step=4e-3)
+    requests = [PlanRequest(f"r{i}", (1.0, 1.0, 1.0, 1.0), 4) for i in range(2)]
+    plan = choose_plan(calm, requests, 4, layouts=("psd",))
+    assert plan.step_s == pytest.approx(2 * (8e-3 + 4e-3))
+    sd = choose_plan(calm, requests, 4, layouts=("sd",))
+    assert sd.step_s == pytest.approx(8e-3 + 8e-3 + 2 * 4e-3) and plan.tokens_per_s == pytest.approx(sd.tokens_per_s)
+    jittery = StepCosts(**{**calm.__dict__, "jitter": 0.2})
+    assert choose_plan(jittery, requests, 4, layouts=("psd",)).step_s > plan.step_s
+    assert choose_plan(jittery, requests, 4, layouts=("sd",)).step_s == pytest.approx(sd.step_s)
+    assert choose_plan(jittery, requests, 4).layout == "sd"
+
+
+def test_cost_model_jitter_follows_its_errors():
+    """The jitter the planner prices overlap with is the model's median error read as a
+    normal spread, capped."""
+    from gateway.cost_model import MAX_JITTER
+
+    model = CostModel()
+    assert model.costs().jitter == 0.0
+    rng = random.Random(2)
+    for _ in range(300):
+        ks = [rng.randint(1, 6) for _ in range(rng.randint(1, 8))]
+        model.observe_verify(ks, (5e-3 + 5e-4 * sum(k + 1 for k in ks)) * (1 + rng.gauss(0, 0.1)))
+    assert model.costs().jitter == pytest.approx(0.1, rel=0.25)
+    for _ in range(300):
+        model.observe_verify([1], 5e-3 * rng.choice([0.1, 10.0]))
+    assert model.costs().jitter == MAX_JITTER
 
 
 def test_cost_model_recovers_the_costs_it_measured():
