@@ -57,10 +57,14 @@ async def guarded(call: Awaitable[T], what: str) -> T:
 
 
 class Deadlines:
-    """Deadlines of the service calls, from what they took lately: `factor` times the slowest
-    of the last calls of that kind, never under `floor_s` (start-up, long prefills). A call
-    that misses it fails with DEADLINE_EXCEEDED: a hung drafter leaves the pool, a hung
-    verifier fails its batch, and nothing waits for ever."""
+    """Deadlines of the service calls, from what they took lately and what this one should
+    take: `factor` times the slowest of the last calls of that kind or times the cost
+    model's prediction for this call, whichever is longer, never under `floor_s` (start-up).
+    The prediction is what lets a wave of prompts through: on a slow target the verify that
+    prefills 32 of them took longer than ten of the decode steps before it, and failed the
+    whole batch (found serving a 256M-parameter target at concurrency 64 on two cores). A
+    call that misses its deadline fails with DEADLINE_EXCEEDED: a hung drafter leaves the
+    pool, a hung verifier fails its batch, and nothing waits for ever."""
 
     def __init__(self, floor_s: float, factor: float = 10.0, window: int = 64) -> None:
         if not floor_s > 0 or not factor >= 1:
@@ -71,9 +75,9 @@ class Deadlines:
     def observe(self, kind: str, seconds: float) -> None:
         self._recent.setdefault(kind, deque(maxlen=self.window)).append(seconds)
 
-    def __call__(self, kind: str) -> float:
+    def __call__(self, kind: str, predicted_s: float = 0.0) -> float:
         recent = self._recent.get(kind)
-        return max(self.floor_s, self.factor * max(recent)) if recent else self.floor_s
+        return max(self.floor_s, self.factor * max(recent or [0.0]), self.factor * predicted_s)
 
 
 def frees_now(pending: list[str], in_flight: Counter[str]) -> tuple[list[str], list[str]]:
@@ -160,7 +164,8 @@ class EngineCalls:
         predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
         with naming(self._verifier_in_flight, [r.request_id for r in new_requests] + [i.request_id for i in message.items]):
-            response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify")), "verify")
+            response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify", predicted)),
+                                     "verify")
         if observe:
             self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
         self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
@@ -193,7 +198,7 @@ class EngineCalls:
             response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
                 step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
                 items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
-                timeout=self.deadlines("draft")), f"draft on {drafter.address}")
+                timeout=self.deadlines("draft", predicted)), f"draft on {drafter.address}")
         self.model.observe_draft(ks, response.busy_s, catch_up)
         return response, predicted, items
 

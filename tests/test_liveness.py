@@ -75,6 +75,17 @@ def test_deadlines_grow_with_measured_calls_and_never_fall_below_the_floor():
         Deadlines(floor_s=0)
 
 
+def test_a_call_predicted_long_gets_a_deadline_to_match():
+    """A wave of prompts prefilled in one verify may take far longer than the decode steps
+    before it: its deadline follows the cost model's prediction for it."""
+    deadlines = Deadlines(floor_s=2.0, factor=10.0, window=3)
+    for _ in range(3):
+        deadlines.observe("verify", 0.5)
+    assert deadlines("verify", predicted_s=0.1) == 5.0
+    assert deadlines("verify", predicted_s=30.0) == 300.0
+    assert deadlines("draft", predicted_s=0.01) == 2.0
+
+
 def test_a_call_cancelled_by_its_channel_is_a_failed_call_not_a_cancelled_task():
     async def scenario() -> None:
         with pytest.raises(CallCancelled):
