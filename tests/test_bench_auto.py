@@ -192,8 +192,11 @@ def test_headline_is_auto_against_the_best_fixed_setting():
     assert top.gains() == [("the best fixed setting (psd, k=6)", "+4%"), ("transformers generate", "-9%")]
     # Without auto (runs from before it): psd against the best of the others.
     legacy = headline([r for r in rows if r["mode"] not in ("auto", "hf-generate")])
-    assert legacy.subject["k"] == 6 and legacy.best_fixed["mode"] == "sd-colocated" and legacy.generate is None
+    assert legacy.subject["k"] == 6 and legacy.best_fixed["mode"] == "ar-1core" and legacy.generate is None
     assert headline([_row("ar", 0, 1.0)]) is None
+    # Plain decoding on one core is a fixed setting too: when it is the fastest, auto must beat it.
+    faster_alone = [r if r["mode"] != "ar-1core" else _row("ar-1core", 0, 520.0) for r in rows]
+    assert headline(faster_alone).figures()["best_fixed"] == "ar-1core"
 
 
 def test_older_runs_name_their_one_core_ar():

@@ -115,7 +115,7 @@ def readme_summary(report: dict) -> str:
     text += "."
     one_core = ONE_CORE_AR in modes and "ar" not in modes
     if one_core:
-        text += " In this run ar's verifier had one core (ar-1core), so ar is not among the fixed settings."
+        text += " In this run ar's verifier had one core (ar-1core): ar on every core is not among the fixed settings."
     if all(r.get("same_as_ar") is True for rows in runs.values() for r in rows):
         text += " Every run's output equalled ar's token for token."
     text += " To reproduce the run, then update these figures from it:"

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 
 TOKENS_PER_S = "output_tokens_per_s"
 # One layout and one k for the whole run, every one on the same cores (ar's verifier on all
-# of them, as psd's two services together).
-FIXED_MODES = ("ar", "sd", "sd-colocated", "psd")
-ONE_CORE_AR = "ar-1core"            # ar's verifier on one core: labelled, never a headline baseline
+# of them, as psd's two services together) or on fewer of them: ar-1core, the verifier alone
+# on one core, is labelled as such and still a setting a user could choose, so it counts
+# among the fixed settings to beat (at C = 8 on the reference machine it ran faster than ar
+# with two threads on both cores).
+ONE_CORE_AR = "ar-1core"
+FIXED_MODES = ("ar", ONE_CORE_AR, "sd", "sd-colocated", "psd")
 GENERATE = "hf-generate"            # transformers' batched generate, all cores (peers.py)
 SUBJECTS = ("auto", "psd")          # what the headline is about: auto, or psd in runs without it
 
