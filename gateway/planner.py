@@ -19,11 +19,12 @@ through the gateway. M is the expected longer of two calls whose busy times stra
 predictions by the model's measured jitter (`expected_max`): level draft and verify times
 wait on whichever runs long. Without the second g and the jitter, psd's steps on the
 reference machine took 1.1-1.45x their prediction against sd's 1.1-1.2x, and psd's measured
-slowdown, learnt at whatever draft lengths a trial ran, priced it out at the ones that pay. Every output
-token also carries its share of prompt prefill, rho prompt tokens per output token (measured
-on recent requests), at the layout's own price c (ar on the lent cores, sd on the verifier
-then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c). Each rate
-is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
+slowdown, learnt at whatever draft lengths a trial ran, priced it out at the ones that pay.
+
+Every output token also carries its share of prompt prefill, rho prompt tokens per output
+token (measured on recent requests), at the layout's own price c (ar on the lent cores, sd on
+the verifier then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c).
+Each rate is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
 over what the model predicted for what it delivered, decoding and prefill apart), so a
 layout that runs worse than its arithmetic says stops being chosen, and scaled by
 horizon / (horizon + a one-off cost of moving to it): the drafter's catch-up after plain
