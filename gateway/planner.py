@@ -24,9 +24,9 @@ slowdown, learnt at whatever draft lengths a trial ran, priced it out at the one
 Every output token also carries its share of prompt prefill, rho prompt tokens per output
 token (measured on recent requests), at the layout's own price c (ar on the lent cores, sd on
 the verifier then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c).
-Each rate is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it really took
-over what the model predicted for what it delivered, decoding and prefill apart), so a
-layout that runs worse than its arithmetic says stops being chosen, and scaled by
+Each rate is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it
+really took over what the model predicted for what it delivered, decoding and prefill
+apart), so a layout that runs worse than its arithmetic says stops being chosen, and scaled by
 horizon / (horizon + a one-off cost of moving to it): the drafter's catch-up after plain
 decoding.
 
