@@ -31,6 +31,7 @@ import asyncio
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from minedraft.bench.driver import poisson_times, run_workload, warm_up
@@ -67,6 +68,20 @@ def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> 
     return load_workload(args.dataset, scale * count)
 
 
+def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
+    """How many step records the gateway holds once no more arrive (or after limit_s): a step
+    pipelined past the end of the last request before the run (plain decoding keeps two in
+    flight) is recorded after its request has finished, and must not count as the run's."""
+    count, give_up = len(client.step_stats()), time.monotonic() + limit_s
+    while time.monotonic() < give_up:
+        time.sleep(quiet_s)
+        now = len(client.step_stats())
+        if now == count:
+            break
+        count = now
+    return count
+
+
 def measure(address: str, mode: str, k: int, concurrency: int, workload: Workload, args: argparse.Namespace,
             config: ServeConfig | None = None) -> dict:
     """Drive the workload through a running gateway and collect its step records."""
@@ -77,7 +92,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
         asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
                             args.warmup_s, sampling=workload.sampling))
     with Client(address, timeout=600) as client:
-        skip = len(client.step_stats())
+        skip = settled_step_count(client)
         # auto's decisions so far (the warm-up's) are not the run's
         plan = plain(client.server_info()).get("plan") or {}
         seen = max((d["at_s"] for d in plan.get("history", [])), default=float("-inf"))
