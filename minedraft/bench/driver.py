@@ -49,6 +49,15 @@ def request_options(max_tokens: int, ignore_eos: bool, sampling: Sampling | None
     return SamplingOptions(max_tokens=max_tokens, ignore_eos=ignore_eos, **(sampling or {}))
 
 
+def options_for(prompts: list[str], max_tokens: int, ignore_eos: bool,
+                sampling: list[Sampling | None] | None) -> list[SamplingOptions]:
+    """Each prompt's options (request_options); sampling: each prompt's own, None for greedy."""
+    options = [request_options(max_tokens, ignore_eos, own) for own in sampling or [None] * len(prompts)]
+    if len(options) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(options)} sampling entries")
+    return options
+
+
 async def _one(client: AsyncClient, prompt: str, options: SamplingOptions, t0: float,
                arrival_s: float | None = None) -> RequestTiming:
     """One streamed request; timed from `arrival_s` (run clock) when given, else from now."""
@@ -81,7 +90,7 @@ async def warm_up(address: str, prompts: list[str], max_tokens: int, ignore_eos:
     have passed (the requests in flight then run to their end): what a server has done before
     anyone measures it, so a run starts from its steady state (auto mode has measured its
     layouts, the services' allocators and caches are warm). -> requests served."""
-    options = [request_options(max_tokens, ignore_eos, own) for own in sampling or [None] * len(prompts)]
+    options = options_for(prompts, max_tokens, ignore_eos, sampling)
     served = 0
     async with AsyncClient(address, timeout=3600) as client:
         await client.wait_ready(60)
@@ -108,9 +117,7 @@ async def run_workload(address: str, prompts: list[str], max_tokens: int, ignore
     """arrivals: each prompt's arrival time in s (open loop), None for the closed loop;
     sampling: each prompt's own (Workload.sampling), None for greedy throughout.
     -> per-request timings (in prompt order) and the run's wall time."""
-    options = [request_options(max_tokens, ignore_eos, own) for own in sampling or [None] * len(prompts)]
-    if len(options) != len(prompts):
-        raise ValueError(f"{len(prompts)} prompts but {len(options)} sampling entries")
+    options = options_for(prompts, max_tokens, ignore_eos, sampling)
     results: list[RequestTiming | None] = [None] * len(prompts)
     bar = tqdm(total=len(prompts), desc=label, unit="req", leave=False)
     async with AsyncClient(address, timeout=3600) as client:

@@ -71,15 +71,16 @@ def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> 
 def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
     """How many step records the gateway holds once no more arrive (or after limit_s): a step
     pipelined past the end of the last request before the run (plain decoding keeps two in
-    flight) is recorded after its request has finished, and must not count as the run's."""
-    count, give_up = len(client.step_stats()), time.monotonic() + limit_s
+    flight) is recorded after its request has finished, and must not count as the run's.
+    Polled with the newest record alone, not all of them."""
+    last, give_up = client.step_stats(max_steps=1), time.monotonic() + limit_s
     while time.monotonic() < give_up:
         time.sleep(quiet_s)
-        now = len(client.step_stats())
-        if now == count:
+        now = client.step_stats(max_steps=1)
+        if now == last:
             break
-        count = now
-    return count
+        last = now
+    return len(client.step_stats())
 
 
 def measure(address: str, mode: str, k: int, concurrency: int, workload: Workload, args: argparse.Namespace,
