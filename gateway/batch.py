@@ -45,6 +45,7 @@ class BatchManagerConfig:
     step_timeout_s: float = 30.0    # the least deadline of a service call (see Deadlines)
     max_waiting: int = 1024         # requests queued beyond the batches; more are refused
     auto_cycle_steps: int = 0       # tests only: auto mode rotates layouts every this many steps
+    early_verify: bool = True       # send a step's verify with its drafts' call (see BatchManager)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -63,6 +63,10 @@ class BatchManager:
         # Measures costs and acceptance in every mode; plans only in auto.
         self.planner = AutoPlanner(config.k, cycle_steps=config.auto_cycle_steps)
         self.calls = EngineCalls(verifier, Deadlines(config.step_timeout_s), self.planner.model)
+        # NCCL receives a step's drafts inside the step, in issue order: a verify waiting for
+        # drafts whose call failed could not be told to go on without them.
+        self.early_verify = config.early_verify and pool is not None and pool.target.data_plane != "nccl"
+        self.planner.model.early_verify = self.early_verify
         self.planner.clock_origin = self.calls.clock_origin     # decisions and steps on one clock
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
@@ -266,10 +270,11 @@ class BatchManager:
                 continue                            # the second batch hands its requests over
             step_id = self.calls.next_step_id()
             try:
-                await self._draft(step_id, batch)
-                await self._verify(step_id, batch)
+                await self._step(step_id, batch)
             except Exception as err:                # noqa: BLE001 - the batch fails, others go on
                 self._fail_batch(batch, err)
+            finally:
+                self._end_step(batch)
 
     def _maybe_replan(self) -> None:
         if not self.auto:
@@ -331,16 +336,11 @@ class BatchManager:
                 code, message = call_status(err)
                 logger.warning("could not free finished requests on %s (%s: %s)", name, code.name, message)
 
-    async def _verify(self, step_id: int, batch: Batch) -> None:
-        try:
-            await self._verify_items(step_id, batch.drafted or [], batch.sources)
-        finally:
-            batch.drafted = None
-
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
-                            after_step_id: int = 0, borrow_cpus: bool = False) -> None:
+                            after_step_id: int = 0, borrow_cpus: bool = False, drafting_s: float = 0.0) -> None:
         layout = self._step_layout()
-        response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus)
+        response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus,
+                                                          drafting_s=drafting_s)
         # A step counts towards a switch settling only once every request is where the
         # layout wants it (after psd, the second batch's last step hands its requests over).
         self.planner.observe_step(layout if self._in_shape() else "", sum(len(r.token_ids) for r in response.results),
@@ -387,13 +387,14 @@ class BatchManager:
         if req.seq.is_finished:
             self._retire(req, req.seq.finish_reason)
 
-    async def _draft(self, step_id: int, batch: Batch) -> None:
-        """Draft the batch on every drafter holding its requests, in parallel. Requests with
-        no drafter (none has room, or the pool is empty) are verified with k = 0."""
-        live = batch.to_draft()
+    def _assign_drafts(self, step_id: int, batch: Batch
+                       ) -> tuple[list[DraftedItem], dict[DrafterHandle, list[tuple[ActiveRequest, int]]]]:
+        """Each live request's draft length and drafter this step; the batch's verify items
+        and sources to match. Requests with no drafter (none has room, or the pool is empty)
+        are verified with k = 0."""
         by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]] = {}
         drafted: list[DraftedItem] = []
-        for req in live:
+        for req in batch.to_draft():
             k = self._draft_length(req)
             if k and req.drafter is None:
                 self.admission.place(req)
@@ -401,25 +402,76 @@ class BatchManager:
                 drafted.append(DraftedItem(req, 0))
             else:
                 by_drafter.setdefault(req.drafter, []).append((req, k))
-        sources = []
-        self._drafting += 1
+        # Each drafter flattens its drafts in the order of its items; the verifier reads them so.
+        batch.sources = []
+        for source, (drafter, items) in enumerate(by_drafter.items()):
+            drafted.extend(DraftedItem(req, k, source) for req, k in items)
+            batch.sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id))
+        batch.drafted = drafted
+        return drafted, by_drafter
+
+    async def _step(self, step_id: int, batch: Batch) -> None:
+        """Draft the batch on every drafter holding its requests, in parallel, and verify it.
+        The verify goes out with the draft calls (early verify): it waits at the verifier
+        for the drafts, which come on the data plane, so the step costs no gateway round trip
+        between drafting and verifying. A draft call that fails is abandoned at the verifier
+        (those requests verify with k = 0 there). Without early verify (--no-early-verify,
+        or NCCL, which cannot abandon), the verify goes once the drafts are in, with k = 0
+        for the requests of a failed drafter. Nothing is lost either way."""
+        drafted, by_drafter = self._assign_drafts(step_id, batch)
+        sources, layout = batch.sources, self._step_layout()
+        verify = None
+        if by_drafter and self.early_verify:
+            verify = asyncio.ensure_future(self._verify_items(step_id, drafted, sources,
+                                                              drafting_s=self.calls.predict_draft(by_drafter)))
         try:
-            answers = (await self.calls.draft_all(step_id, by_drafter, len(live), self._step_layout())
-                       if by_drafter else [])
-        finally:
-            self._drafting -= 1
-        for drafter, result, sent in answers:
-            if isinstance(result, BaseException):
-                self._drafter_failed(drafter, [req for req, _ in sent], result)
-                drafted.extend(DraftedItem(req, 0) for req, _ in sent)
-                continue
-            # The drafter flattened its drafts in this order; the verifier reads them so.
-            drafted.extend(DraftedItem(req, k, len(sources)) for req, k in sent)
-            # Those that ended or left the drafter before the call went out: no drafts.
-            sent_ids = {req.request_id for req, _ in sent}
-            drafted.extend(DraftedItem(req, 0) for req, _ in by_drafter[drafter] if req.request_id not in sent_ids)
-            sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id))
-        batch.drafted, batch.sources = drafted, sources
+            self._drafting += 1
+            try:
+                answers = await self.calls.draft_all(step_id, by_drafter, len(drafted), layout) if by_drafter else []
+            finally:
+                self._drafting -= 1
+            failed = set()
+            for drafter, result, sent in answers:
+                if isinstance(result, BaseException):
+                    failed.add(drafter.drafter_id)
+                    self._drafter_failed(drafter, [req for req, _ in sent], result)
+            if verify is not None:
+                await self._abandon(step_id, sorted(failed))
+                await verify
+                return
+        except BaseException:
+            if verify is not None and not verify.done():
+                verify.cancel()
+            raise
+        if failed:
+            batch.sources = [s for s in sources if s.drafter_id not in failed]
+            index = {s.drafter_id: i for i, s in enumerate(batch.sources)}
+            batch.drafted = drafted = [
+                item if not item.num_draft
+                else DraftedItem(item.request, 0) if sources[item.source].drafter_id in failed
+                else DraftedItem(item.request, item.num_draft, index[sources[item.source].drafter_id])
+                for item in drafted]
+        await self._verify_items(step_id, drafted, batch.sources)
+
+    def _end_step(self, batch: Batch) -> None:
+        """The batch's step is over: a request cancelled while it was in flight but after
+        its verify's results were applied (an early verify may answer before the draft
+        call does) ends now."""
+        drafted, batch.drafted = batch.drafted, None
+        for item in drafted or []:
+            if item.request.cancelled and not item.request.done:
+                self._retire(item.request, FinishReason.ABORT)
+
+    async def _abandon(self, step_id: int, drafter_ids: list[str]) -> None:
+        """The verify waiting for these drafters' drafts of this step goes on without them.
+        Should the verifier not hear of it, the verify waits out its drafts_wait_s instead."""
+        for drafter_id in drafter_ids:
+            try:
+                await self.calls.abandon_drafts(drafter_id, step_id)
+            except Exception as err:            # noqa: BLE001 - logged; the verify times the wait out
+                code, message = call_status(err)
+                logger.warning("could not abandon the drafts of step %d from drafter %s (%s: %s)",
+                               step_id, drafter_id, code.name, message)
 
     # ---- failures ---------------------------------------------------------------------------
     def _drafter_failed(self, drafter: DrafterHandle, requests: list[ActiveRequest], err: BaseException) -> None:

@@ -123,6 +123,9 @@ class StepCosts:
     # How far one call's busy time strays from its prediction, relative (a standard deviation):
     # what two overlapped calls cost beyond the longer prediction (planner.expected_max).
     jitter: float = 0.0
+    # A step's verify goes out with its draft call and waits for the drafts at the verifier:
+    # one gateway round trip a step, not two (BatchManager._step).
+    early_verify: bool = False
 
     def serving_rate(self, layout: str, decode_tokens_per_s: float, prefill_slowdown: float = 1.0) -> float:
         """Output tokens per second once every output token also carries its share of prompt
@@ -178,6 +181,7 @@ class CostModel:
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
+        self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
         # The last WORKLOAD_WINDOW requests admitted: [prompt tokens, output tokens], the output
@@ -305,4 +309,4 @@ class CostModel:
                          borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
                          prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
-                         jitter=self.jitter)
+                         jitter=self.jitter, early_verify=self.early_verify)

@@ -25,6 +25,7 @@ from minedraft.protocol import new_request_proto
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 STEP_RECORDS_KEPT = 100_000
+MIN_WAIT_S = 0.1        # never ask a service to wait less than this (scheduling alone can take it)
 T = TypeVar("T")
 
 
@@ -79,6 +80,17 @@ class Deadlines:
         recent = self._recent.get(kind)
         return max(self.floor_s, self.factor * max(recent or [0.0]), self.factor * predicted_s)
 
+    def wait_s(self, kind: str, predicted_s: float = 0.0) -> float:
+        """How long another service should wait for the outcome of such a call (a verify
+        step for its drafts): `factor` times the slowest recent call or the prediction, no
+        floor once calls have been seen; 0 (the waiter's own default) before any. A
+        verify must not hold the verifier for a whole call deadline while a hung drafter
+        keeps its drafts: every other batch waits behind it."""
+        recent = self._recent.get(kind)
+        if not recent:
+            return 0.0
+        return max(MIN_WAIT_S, self.factor * max(max(recent), predicted_s))
+
 
 def frees_now(pending: list[str], in_flight: Counter[str]) -> tuple[list[str], list[str]]:
     """-> (the finished requests to free with the call going out now, those to keep). A
@@ -105,6 +117,11 @@ def _verifiable(req: ActiveRequest) -> bool:
     return req.live and req.known_to_verifier
 
 
+def _catch_up(req: ActiveRequest) -> int:
+    """Tokens the request's drafter has yet to take in before drafting for it."""
+    return len(req.pending_diff) if req.known_to_drafter else len(req.seq.token_ids)
+
+
 class EngineCalls:
     def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines, model: CostModel) -> None:
         self.verifier = verifier
@@ -120,28 +137,31 @@ class EngineCalls:
         self._step_id += 1
         return self._step_id
 
-    def record(self, kind: str, step_id: int, start: float, **fields) -> None:
+    def record(self, kind: str, step_id: int, start: float, waited_s: float = 0.0, **fields) -> None:
         """One service call: when the gateway sent it, how long until the answer, and what
-        the service reports of its own time (its compute ends just before it answers)."""
+        the service reports of its own time (its compute ends just before it answers);
+        waited_s: an early verify's wait for its drafts to be drafted."""
         wall_s = time.perf_counter() - start
-        self.deadlines.observe(kind, wall_s)
+        self.deadlines.observe(kind, wall_s - waited_s)
         # Only sd's calls: ar keeps two steps in flight and psd's calls queue behind the other
         # batch's, so their wall time holds another call's busy time.
         if fields.get("layout") == "sd":
             self.model.observe_gateway(wall_s, fields.get("draft_busy_s", 0.0) + fields.get("verify_busy_s", 0.0)
-                                       + fields.get("data_plane_s", 0.0))
+                                       + fields.get("data_plane_s", 0.0) + waited_s)
         self.step_records.append(generation_pb2.StepRecord(
             step_id=step_id, kind=kind, start_s=start - self.clock_origin, wall_s=wall_s, **fields))
         METRICS.call_recorded({"kind": kind, "start_s": start - self.clock_origin, "wall_s": wall_s, **fields})
 
     async def verify(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
-                     after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False, observe: bool = True
-                     ) -> tuple[engine_pb2.VerifyStepResponse, int]:
+                     after_step_id: int = 0, layout: str = "", borrow_cpus: bool = False, observe: bool = True,
+                     drafting_s: float = 0.0) -> tuple[engine_pb2.VerifyStepResponse, int]:
         """Verify `items`; requests the verifier has not seen go with their tokens. Finished
         requests ride along to be freed. after_step_id queues this step behind that one;
         borrow_cpus: nothing drafts meanwhile, the verifier may compute on the drafter's cores;
-        observe: fit its busy time (not a warm-up's). -> (the answer, the prompt tokens it
-        prefilled: the tokens of the requests new to the verifier)."""
+        observe: fit its busy time (not a warm-up's); drafting_s: the predicted time of the
+        draft call made with this one, whose drafts it waits for (0: they were drafted before).
+        -> (the answer, the prompt tokens it prefilled: the tokens of the requests new to
+        the verifier)."""
         new_requests = []
         for item in items:
             req = item.request
@@ -158,17 +178,19 @@ class EngineCalls:
             items=[engine_pb2.VerifyItem(request_id=i.request.request_id, num_draft=i.num_draft, source=i.source,
                                          drop=not _verifiable(i.request))
                    for i in items if _verifiable(i.request) or i.num_draft],
-            sources=sources, after_step_id=after_step_id, borrow_cpus=borrow_cpus)
+            sources=sources, after_step_id=after_step_id, borrow_cpus=borrow_cpus,
+            drafts_wait_s=self.deadlines.wait_s("draft", drafting_s) if drafting_s else 0.0)
         ks = [item.num_draft for item in message.items if not item.drop]
         new_tokens = sum(len(r.token_ids) for r in new_requests)
         predicted = self.model.costs().verify(ks, new_tokens, borrow_cpus)
         start = time.perf_counter()
         with naming(self._verifier_in_flight, [r.request_id for r in new_requests] + [i.request_id for i in message.items]):
-            response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify", predicted)),
+            response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify", predicted + drafting_s)),
                                      "verify")
         if observe:
             self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
-        self.record("verify", step_id, start, verify_busy_s=response.busy_s, data_plane_s=response.recv_s,
+        self.record("verify", step_id, start, response.drafts_wait_s, verify_busy_s=response.busy_s,
+                    data_plane_s=response.recv_s,
                     verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted,
                     borrowed=response.borrowed)
         return response, new_tokens
@@ -176,11 +198,11 @@ class EngineCalls:
     async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]]
                     ) -> tuple[engine_pb2.DraftStepResponse, float, list[tuple[ActiveRequest, int]]]:
         """Draft `items` (request, k) on one drafter: new requests go with their tokens,
-        known ones with the tokens verified since it last heard (their diff). A request that
-        ended or left this drafter since the batch chose it (this runs a loop turn later) is
-        left out. -> (the answer, the busy time the cost model predicted, the items drafted
-        in the order of the answer's drafts)."""
-        items = [(req, k) for req, k in items if req.live and req.drafter is drafter]
+        known ones with the tokens verified since it last heard (their diff). Every item is
+        drafted, in this order, even one that ended meanwhile: a verify step may already be
+        waiting for exactly these drafts (it drops an ended request's). -> (the answer, the
+        busy time the cost model predicted, the items drafted in the order of the answer's
+        drafts)."""
         new_requests, updates = [], []
         for req, _ in items:
             if not req.known_to_drafter:
@@ -201,6 +223,19 @@ class EngineCalls:
                 timeout=self.deadlines("draft", predicted)), f"draft on {drafter.address}")
         self.model.observe_draft(ks, response.busy_s, catch_up)
         return response, predicted, items
+
+    def predict_draft(self, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]]) -> float:
+        """The cost model's busy time of a batch's draft step: its slowest drafter's."""
+        costs = self.model.costs()
+        return max((costs.draft([k for _, k in items], sum(_catch_up(req) for req, _ in items))
+                    for items in by_drafter.values()), default=0.0)
+
+    async def abandon_drafts(self, drafter_id: str, step_id: int) -> None:
+        """Tell the verifier that this drafter step's drafts will not come: a verify step
+        sent with the draft call goes on without them instead of waiting."""
+        await guarded(self.verifier.AbandonDrafts(
+            engine_pb2.AbandonDraftsRequest(drafter_id=drafter_id, draft_step_id=step_id),
+            timeout=self.deadlines.floor_s), "abandon drafts")
 
     async def draft_all(self, step_id: int, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]],
                         num_items: int, layout: str = ""

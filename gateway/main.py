@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="requests running at once (auto; split over two batches when overlapped); "
                              "in the fixed modes, requests per batch")
     parser.add_argument("--auto-cycle-steps", type=int, default=0, help=argparse.SUPPRESS)   # tests: force switches
+    parser.add_argument("--no-early-verify", dest="early_verify", action="store_false",
+                        help="send a step's verify only once its drafts' call has answered (one gateway round "
+                             "trip more per step; the NCCL data plane always does)")
     parser.add_argument("--max-waiting", type=int, default=1024,
                         help="requests queued beyond the batches; more are refused with RESOURCE_EXHAUSTED")
     parser.add_argument("--step-timeout", type=float, default=30.0,
@@ -94,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.config = BatchManagerConfig(mode=args.mode, k=args.k if args.mode != "ar" else 0,
                                          max_batch=args.max_batch, kv_blocks=1, block_size=1,
                                          step_timeout_s=args.step_timeout, max_waiting=args.max_waiting,
-                                         auto_cycle_steps=args.auto_cycle_steps)
+                                         auto_cycle_steps=args.auto_cycle_steps, early_verify=args.early_verify)
     except ValueError as err:
         parser.error(str(err))
     return args

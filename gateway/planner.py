@@ -7,15 +7,20 @@ that request i's drafts 1..j are all accepted, a request emits E_i = 1 + sum_{j 
 tokens a step.
 
   ar   one batch, k = 0:            rate = n / V'(0..0)
-  sd   one batch, draft then verify: rate = sum E_i / (t(k) + V(k) + 2 g)
-  psd  batches A and B overlapped:   rate = (sum_A E + sum_B E) /
-                                            (M(t(A), V(B)) + M(t(B), V(A)) + 2 g)
+  sd   one batch, draft then verify: rate = sum E_i / (t(k) + V(k) + h g)
+  psd  batches A and B overlapped:   rate = (sum_A E + sum_B E) / T, where with early verify
+         T = M(max(t(A) + V(A), t(B) + V(B)) + g, max(t(A) + t(B), V(A) + V(B)))
+       and without it
+         T = M(t(A), V(B)) + M(t(B), V(A)) + 2 g
 
 where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
 verifier's on the cores the idle drafter lends it (V where nothing is lent), and g the
-gateway's share per call (plain decoding keeps two steps in flight: its g hides). psd pays g
-at each half-step: the next pair of calls starts only when both of the last have come back
-through the gateway. M is the expected longer of two calls whose busy times stray from their
+gateway's share per call (plain decoding keeps two steps in flight: its g hides). With early
+verify (the default: a step's verify goes out with its draft call and waits for the drafts
+at the verifier) a batch passes through the gateway once a step, h = 1; in psd each batch
+goes round draft, verify, gateway, and the cycle is the longer of that round and the
+busier service's two calls. Without it (NCCL) h = 2, and psd pays g at each half-step: the
+next pair of calls starts only when both of the last have come back through the gateway. M is the expected longer of two calls whose busy times stray from their
 predictions by the model's measured jitter (`expected_max`): level draft and verify times
 wait on whichever runs long. Without the second g and the jitter, psd's steps on the
 reference machine took 1.1-1.45x their prediction against sd's 1.1-1.2x, and psd's measured
@@ -159,14 +164,18 @@ def _step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
         return None if drafting else costs.verify(list(ks), borrowed=True)
     if not drafting:
         return None
+    hops = 1 if costs.early_verify else 2       # gateway round trips on a batch's way round
     if layout == "sd":
-        return costs.draft(list(ks)) + costs.verify(list(ks)) + 2 * g
+        return costs.draft(list(ks)) + costs.verify(list(ks)) + hops * g
     if len(ks) < 2:
         return None
     ordered = sorted(ks, reverse=True)
     halves = (ordered[0::2], ordered[1::2])
     draft = [costs.draft(half) for half in halves]
     verify = [costs.verify(half) for half in halves]
+    if costs.early_verify:
+        chain = max(draft[0] + verify[0], draft[1] + verify[1]) + g
+        return expected_max(chain, max(draft[0] + draft[1], verify[0] + verify[1]), costs.jitter)
     return (expected_max(draft[0], verify[1], costs.jitter) + expected_max(draft[1], verify[0], costs.jitter)
             + 2 * g)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 import traceback
 
 import numpy as np
@@ -206,6 +207,63 @@ def test_inband_pairings_keep_drafters_apart() -> None:
         pairings.deliver("c", make_payload(6, 1))
     with pytest.raises(ValueError, match="drafter_id"):
         pairings.connect("")
+
+
+def test_abandoned_drafts_end_the_wait_at_once_and_late_ones_are_dropped() -> None:
+    """A verify step sent with its draft call waits at the verifier for the drafts; when the
+    draft call fails the gateway abandons them, and the wait ends then, not at its timeout.
+    Drafts of that step that come after all are dropped, never left to pile up; the pairing
+    stays (its drafter may be fine: only that call failed)."""
+    from minedraft.data_plane import DraftPairings
+
+    pairings = DraftPairings("inband", "127.0.0.1", "127.0.0.1")
+    pairings.connect("a")
+    threading.Timer(0.05, pairings.abandon, args=("a", 3)).start()
+    started = time.monotonic()
+    assert pairings.recv("a", 3, 2, timeout_s=30) is None
+    assert time.monotonic() - started < 5
+    assert "a" in pairings
+    pairings.deliver("a", make_payload(3, 2))                # late: dropped, not kept
+    receiver = pairings._pairings["a"].receiver
+    assert not receiver._mailbox.ready
+    pairings.deliver("a", make_payload(4, 2))                # arrived, then abandoned: dropped
+    pairings.abandon("a", 4)
+    assert pairings.recv("a", 4, 2, timeout_s=0.05) is None
+    pairings.deliver("a", make_payload(5, 1))                # other steps are untouched
+    assert same_payload(pairings.recv("a", 5, 1, timeout_s=1), make_payload(5, 1))
+    pairings.abandon("gone", 1)                              # a drafter no longer paired: nothing to do
+    assert not DraftPairings("nccl", "127.0.0.1", "127.0.0.1").can_abandon
+
+
+def _drafter_sends_steps(host: str, port: int, steps: list[int]) -> None:
+    from minedraft.data_plane import DistributedDraftSender
+
+    torch.set_num_threads(1)
+    sender = DistributedDraftSender(host, port, connect_timeout_s=20)
+    for step_id in steps:
+        sender.send(make_payload(step_id, 4))
+    time.sleep(60)                   # stays up: the verifier's side is under test, not a goodbye
+
+
+def test_gloo_pairing_abandons_a_step_and_keeps_receiving_the_next() -> None:
+    from minedraft.data_plane import DraftPairings
+
+    pairings = DraftPairings("gloo", "127.0.0.1", "127.0.0.1", connect_timeout_s=20)
+    address, _ = pairings.connect("d1")
+    host, _, port = address.rpartition(":")
+    pairings.abandon("d1", 1)                          # before the pairing formed: nothing to drop yet
+    proc = mp.get_context("spawn").Process(target=_drafter_sends_steps, args=(host, int(port), [1, 2]))
+    proc.start()
+    try:
+        got = pairings.recv("d1", 1, 4, timeout_s=30)  # not abandoned after all: it formed later
+        assert got is not None and same_payload(got, make_payload(1, 4))
+        pairings.abandon("d1", 2)
+        assert pairings.recv("d1", 2, 4, timeout_s=30) is None
+        assert "d1" in pairings
+    finally:
+        pairings.close()
+        if proc.is_alive():
+            proc.kill()
 
 
 def _listening_hosts(port: int) -> set[str]:

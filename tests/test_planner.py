@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gateway.cost_model import CostModel, LinearFit, StepCosts
-from gateway.planner import PlanRequest, choose_plan, expected_max
+from gateway.planner import PlanRequest, _step_s, choose_plan, expected_max
 
 K_MAX = 8
 
@@ -101,6 +101,25 @@ def test_psd_is_priced_with_the_gateway_at_each_half_step_and_the_jitter_of_leve
     assert choose_plan(jittery, requests, 4, layouts=("psd",)).step_s > plan.step_s
     assert choose_plan(jittery, requests, 4, layouts=("sd",)).step_s == pytest.approx(sd.step_s)
     assert choose_plan(jittery, requests, 4).layout == "sd"
+
+
+def test_with_early_verify_a_step_passes_the_gateway_once():
+    """A step's verify goes out with its draft call: sd pays one gateway share, not two; in
+    psd a cycle is the longer of one batch's round (its draft, its verify, the gateway) and
+    the busier service's two calls."""
+    calm = StepCosts(draft_per_forward=2e-3, draft_per_token=0.0, draft_fixed=0.0,
+                     verify_fixed=8e-3, verify_per_token=0.0, gateway_per_step=4e-3, early_verify=True)
+    requests = [PlanRequest(f"r{i}", (1.0, 1.0, 1.0, 1.0), 4) for i in range(2)]
+    sd = choose_plan(calm, requests, 4, layouts=("sd",))
+    assert sd.step_s == pytest.approx(8e-3 + 8e-3 + 4e-3)
+    psd = choose_plan(calm, requests, 4, layouts=("psd",))
+    assert psd.step_s == pytest.approx(8e-3 + 8e-3 + 4e-3)          # the round: 8 + 8 + 4 > 8 + 8
+    assert psd.tokens_per_s == pytest.approx(sd.tokens_per_s)       # batching is free here: a tie
+    cheap_gateway = StepCosts(**{**calm.__dict__, "gateway_per_step": 0.0})
+    assert choose_plan(cheap_gateway, requests, 4, layouts=("psd",)).step_s == pytest.approx(16e-3)
+    slow_drafts = StepCosts(**{**calm.__dict__, "draft_per_forward": 4e-3})     # drafts 16 ms, verifies 8
+    assert _step_s("psd", slow_drafts, (4, 4)) == pytest.approx(32e-3)          # the drafter's two calls
+    assert _step_s("psd", slow_drafts, (3, 3)) == pytest.approx(24e-3)          # ... or the round: 12 + 8 + 4
 
 
 def test_cost_model_jitter_follows_its_errors():

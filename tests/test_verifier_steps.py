@@ -18,6 +18,8 @@ from verifier_svc.steps import StepExecutor
 
 
 class FakePairings:
+    last_wait_s = 0.0
+
     def __init__(self, payloads: dict[str, DraftPayload | None]) -> None:
         self.payloads = payloads
         self.asked: dict[str, tuple[int, int]] = {}
@@ -50,7 +52,7 @@ def test_drafts_of_three_drafters_resolve_per_request(executor):
     })
     request = _request(items=[("r0", 2, 0), ("r1", 1, 1), ("r2", 2, 2), ("r3", 1, 0), ("r4", 0, 0)],
                        sources=[("first", 7), ("second", 8), ("gone", 6)])
-    resolved, token_ids, _ = executor._collect(request, pairings)
+    resolved, token_ids, *_ = executor._collect(request, pairings)
     assert pairings.asked == {"first": (7, 3), "second": (8, 1), "gone": (6, 2)}
     assert [(i.request_id, i.num_draft) for i in resolved.items] == [
         ("r0", 2), ("r1", 1), ("r2", 0), ("r3", 1), ("r4", 0)]          # r2's drafts were lost
@@ -60,7 +62,7 @@ def test_drafts_of_three_drafters_resolve_per_request(executor):
 
 def test_bad_sources_are_refused(executor):
     pairings = FakePairings({"a": DraftPayload(3, torch.tensor([5, 6]))})
-    resolved, token_ids, _ = executor._collect(_request(items=[("x", 2, 0)], sources=[("a", 3)]), pairings)
+    resolved, token_ids, *_ = executor._collect(_request(items=[("x", 2, 0)], sources=[("a", 3)]), pairings)
     assert token_ids.tolist() == [5, 6] and not resolved.sources
     with pytest.raises(ValueError, match="source"):
         executor._collect(_request(items=[("x", 2, 1)], sources=[("a", 3)]), pairings)
@@ -75,6 +77,37 @@ def test_a_drafter_that_never_paired_is_not_found_and_nothing_is_received(execut
     with pytest.raises(UnknownRequest, match="sources: drafter 'stranger' never paired"):
         executor.lead(_request(items=[], sources=[("known", 1), ("stranger", 1)]), pairings)
     assert pairings.asked == {}
+
+
+def test_an_early_verify_waits_for_its_drafts_as_long_as_it_is_told_and_reports_the_wait(executor):
+    """Sent with its draft call, a verify may reach the verifier before its drafts exist:
+    the wait for them is reported apart from taking them off the data plane, and it lasts at
+    most drafts_wait_s from when the verifier is ready for them (then the drafts are lost,
+    k = 0, rather than every other batch waiting behind a hung drafter)."""
+    import threading
+    import time
+
+    from minedraft.data_plane import DraftPairings
+
+    pairings = DraftPairings("inband", "127.0.0.1", "127.0.0.1")
+    pairings.connect("d")
+    threading.Timer(0.3, pairings.deliver, args=("d", DraftPayload(5, torch.tensor([1, 2])))).start()
+    request = _request(items=[("r", 2, 0)], sources=[("d", 5)])
+    request.drafts_wait_s = 10.0
+    resolved, token_ids, recv_s, waited_s = executor._collect(request, pairings)
+    assert token_ids.tolist() == [1, 2] and 0.25 < waited_s < 5 and recv_s < 0.1
+
+    request = _request(items=[("r", 2, 0)], sources=[("d", 6)])     # never drafted
+    request.drafts_wait_s = 0.2
+    started = time.monotonic()
+    resolved, token_ids, *_ = executor._collect(request, pairings, recv_deadline=time.monotonic() + 60)
+    assert time.monotonic() - started < 5
+    assert [i.num_draft for i in resolved.items] == [0] and token_ids.numel() == 0
+
+    for bad in (-1.0, float("inf"), float("nan")):
+        request.drafts_wait_s = bad
+        with pytest.raises(ValueError, match="drafts_wait_s"):
+            executor._collect(request, pairings)
 
 
 def test_lost_drafts_still_give_one_token(executor):
@@ -115,3 +148,47 @@ def test_a_step_naming_its_predecessor_runs_after_it_whatever_the_arrival_order(
 
     asyncio.run(scenario())
     assert ran == [1, 2, 3]
+
+
+def test_abandoning_drafts_is_checked_and_ends_a_waiting_step():
+    import asyncio
+    import threading
+
+    import grpc
+
+    from minedraft.data_plane import DraftPairings
+    from verifier_svc.servicer import VerifierServicer
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        async def abort(self, code, details):
+            raise Aborted(code, details)
+
+    async def scenario(backend: str, request) -> tuple:
+        pairings = DraftPairings(backend, "127.0.0.1", "127.0.0.1")
+        servicer = VerifierServicer(executor=None, pairings=pairings, model_name="m")
+        try:
+            await servicer.AbandonDrafts(request, Context())
+        except Aborted as err:
+            return err.args
+        return None
+
+    good = engine_pb2.AbandonDraftsRequest(drafter_id="d", draft_step_id=3)
+    for bad in (engine_pb2.AbandonDraftsRequest(draft_step_id=3), engine_pb2.AbandonDraftsRequest(drafter_id="d")):
+        code, details = asyncio.run(scenario("inband", bad))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "drafter_id" in details
+    code, details = asyncio.run(scenario("nccl", good))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "nccl" in details
+    assert asyncio.run(scenario("inband", good)) is None        # a drafter not paired: nothing to do
+
+    pairings = DraftPairings("inband", "127.0.0.1", "127.0.0.1")
+    pairings.connect("d")
+    servicer = VerifierServicer(executor=None, pairings=pairings, model_name="m")
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pairings.recv("d", 3, 2, timeout_s=30)))
+    waiter.start()
+    asyncio.run(servicer.AbandonDrafts(good, Context()))
+    waiter.join(5)
+    assert not waiter.is_alive() and got == [None] and "d" in pairings

@@ -69,6 +69,18 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
         finally:
             self._queued(request.step_id).set()      # also when it failed: its successor may go
 
+    async def AbandonDrafts(self, request: engine_pb2.AbandonDraftsRequest,
+                            context) -> engine_pb2.AbandonDraftsResponse:
+        if not request.drafter_id or not request.draft_step_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "drafter_id and draft_step_id: both are required")
+        if not self.pairings.can_abandon:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"this verifier's data plane is {self.pairings.backend!r}: a step's drafts "
+                                f"cannot be abandoned")
+        self.pairings.abandon(request.drafter_id, request.draft_step_id)
+        return engine_pb2.AbandonDraftsResponse()
+
     def _queued(self, step_id: int) -> asyncio.Event:
         """Set once step `step_id` is in the compute queue. Only the latest steps are
         remembered: a step names the one just before it, so older ones are never waited for."""

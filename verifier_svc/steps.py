@@ -12,6 +12,7 @@ caches stay in lockstep with no further communication.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import torch
@@ -50,12 +51,13 @@ class StepExecutor:
         for source in request.sources:
             if pairings is None or not pairings.ever_paired(source.drafter_id):
                 raise UnknownRequest(f"sources: drafter {source.drafter_id!r} never paired with this verifier")
-        resolved, token_ids, recv_s = self._collect(request, pairings, recv_deadline)
+        resolved, token_ids, recv_s, waited_s = self._collect(request, pairings, recv_deadline)
         if self.tp.size > 1:
             self.tp.broadcast_bytes(resolved.SerializeToString())
             token_ids = self._broadcast_drafts(resolved, token_ids)
         response = self.execute(resolved, token_ids)
         response.recv_s = recv_s
+        response.drafts_wait_s = waited_s
         response.borrowed = borrowed
         return response
 
@@ -65,13 +67,20 @@ class StepExecutor:
 
     def _collect(self, request: engine_pb2.VerifyStepRequest, pairings: DraftPairings | None,
                  recv_deadline: float | None = None):
-        """-> (request naming no drafter, flat draft tokens [n], seconds waited for them)."""
+        """-> (request naming no drafter, flat draft tokens [n], seconds taking them off the
+        data plane, seconds waiting for them to be drafted)."""
         items = list(request.items)
+        if not math.isfinite(request.drafts_wait_s) or request.drafts_wait_s < 0:
+            raise ValueError(f"drafts_wait_s: expected a finite number >= 0, got {request.drafts_wait_s}")
+        if request.drafts_wait_s:       # the wait starts now: the step may have queued meanwhile
+            wait_until = time.monotonic() + request.drafts_wait_s
+            recv_deadline = wait_until if recv_deadline is None else min(recv_deadline, wait_until)
         for item in items:
             if item.num_draft and item.source >= len(request.sources):
                 raise ValueError(f"items: {item.request_id!r} names draft source {item.source}, "
                                  f"but the step has {len(request.sources)}")
         payloads = []
+        waited = 0.0            # for drafts still being drafted (an early verify): not the data plane's
         start = time.perf_counter()
         for index, source in enumerate(request.sources):
             count = sum(item.num_draft for item in items if item.source == index)
@@ -82,8 +91,9 @@ class StepExecutor:
                 timeout_s = (DRAFT_WAIT_S if recv_deadline is None
                              else max(0.05, recv_deadline - time.monotonic()))
                 payload = pairings.recv(source.drafter_id, source.draft_step_id, count, timeout_s)
+                waited += pairings.last_wait_s
             payloads.append(payload)
-        recv_s = time.perf_counter() - start
+        recv_s = max(0.0, time.perf_counter() - start - waited)
         for index, (source, payload) in enumerate(zip(request.sources, payloads)):
             if payload is not None and not _in_vocab(payload.token_ids, self.vocab_size):
                 logger.warning("step %d: drafter %s sent token ids outside the vocabulary; "
@@ -106,7 +116,7 @@ class StepExecutor:
             resolved.items.add(request_id=item.request_id, num_draft=k, drop=item.drop)
         token_ids = (torch.cat(token_parts) if token_parts
                      else torch.empty(0, dtype=torch.int64, device=self.device))
-        return resolved, token_ids, recv_s
+        return resolved, token_ids, recv_s, waited
 
     def _broadcast_drafts(self, resolved, token_ids: torch.Tensor | None) -> torch.Tensor | None:
         """The driver's flat draft tokens to every rank; followers pass None and get them."""

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS, VERIFIER_RANK,
-                                          DraftPayload, _header, _TransferMeter, empty_payload, step_tag)
+                                          DraftPayload, Mailbox, _header, _TransferMeter, empty_payload, step_tag)
 from minedraft.process_groups import check_backend, master_store, new_group
 
 
@@ -97,7 +98,7 @@ class DistributedDraftReceiver(_DistributedEnd):
         """store: a `listen_store` made beforehand (so its port can be handed to the drafter
         before this blocks until the drafter joins); host and port are then unused."""
         super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s, store)
-        self._ready: dict[int, DraftPayload] = {}
+        self._mailbox = Mailbox()
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._closed = False
@@ -128,28 +129,40 @@ class DistributedDraftReceiver(_DistributedEnd):
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._ready[payload.step_id] = payload
-                self._cond.notify_all()
+                if self._mailbox.put(payload):
+                    self._cond.notify_all()
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
+        self.last_wait_s = 0.0
         if num_tokens == 0:
             return empty_payload(step_id, self.device)
-        if self._thread is None:
+        start = time.perf_counter()
+        if self._thread is None:            # NCCL: waiting and receiving are one, in this call
             payload = self._receive_one(timedelta(seconds=timeout_s))
         else:
             with self._cond:
-                arrived = self._cond.wait_for(lambda: step_id in self._ready or self._error is not None,
+                arrived = self._cond.wait_for(lambda: self._mailbox.settled(step_id) or self._error is not None,
                                               timeout_s)
                 if self._error is not None:
                     raise RuntimeError(f"data plane: receiving failed before step {step_id}") from self._error
                 if not arrived:
                     raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
-                payload = self._ready.pop(step_id)
+                payload, arrived_at = self._mailbox.take(step_id)
+                self.last_wait_s = max(0.0, arrived_at - start)
         expected, got = (step_id, num_tokens), (payload.step_id, payload.num_tokens)
         if got != expected:
             raise ValueError(f"data plane: step {step_id} expected (step, tokens) {expected}, received {got}")
         self._record(payload.nbytes)
         return payload
+
+    def abandon(self, step_id: int) -> None:
+        """Only with a receiving thread (gloo): NCCL receives in the verify step itself, in
+        issue order, so a step whose drafts will not come cannot be skipped."""
+        if self._thread is None:
+            raise NotImplementedError(f"the {self.backend} data plane cannot abandon a step's drafts")
+        with self._cond:
+            self._mailbox.abandon(step_id)
+            self._cond.notify_all()
 
     def close(self) -> None:
         self._closed = True

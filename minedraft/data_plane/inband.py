@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable
 
 import torch
@@ -10,7 +11,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
 
-from minedraft.data_plane.payload import DraftPayload, _TransferMeter
+from minedraft.data_plane.payload import DraftPayload, Mailbox, _TransferMeter
 
 # The payload's bytes are a safetensors blob holding this one tensor: the format says dtype,
 # shape and byte order itself (little-endian whatever the host's), and is checked on load.
@@ -42,27 +43,34 @@ class InBandDraftReceiver(_TransferMeter):
     def __init__(self) -> None:
         super().__init__()
         self._ready = threading.Condition()
-        self._pending: dict[int, DraftPayload] = {}
+        self._mailbox = Mailbox()
         self._closed = False
 
     def deliver(self, payload: DraftPayload) -> None:
         with self._ready:
             if self._closed:
                 raise RuntimeError(f"data plane closed; dropping drafts for step {payload.step_id}")
-            if payload.step_id in self._pending:
+            if payload.step_id in self._mailbox.ready:
                 raise ValueError(f"drafts for step {payload.step_id} delivered twice")
-            self._pending[payload.step_id] = payload
+            if self._mailbox.put(payload):
+                self._ready.notify_all()
+
+    def abandon(self, step_id: int) -> None:
+        with self._ready:
+            self._mailbox.abandon(step_id)
             self._ready.notify_all()
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
+        start = time.perf_counter()
         with self._ready:
             arrived = self._ready.wait_for(
-                lambda: step_id in self._pending or self._closed, timeout=timeout_s)
+                lambda: self._mailbox.settled(step_id) or self._closed, timeout=timeout_s)
             if self._closed:
                 raise RuntimeError(f"data plane closed while waiting for step {step_id}")
             if not arrived:
                 raise TimeoutError(f"no drafts arrived for step {step_id} within {timeout_s}s")
-            payload = self._pending.pop(step_id)
+            payload, arrived_at = self._mailbox.take(step_id)
+        self.last_wait_s = max(0.0, arrived_at - start)
         payload = _check_payload(payload, num_tokens)
         self._record(payload.nbytes)
         return payload
@@ -70,7 +78,7 @@ class InBandDraftReceiver(_TransferMeter):
     def close(self) -> None:
         with self._ready:
             self._closed = True
-            self._pending.clear()
+            self._mailbox = Mailbox()
             self._ready.notify_all()
 
 

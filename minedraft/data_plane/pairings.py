@@ -23,7 +23,7 @@ import torch
 from minedraft.constants import DATA_PLANES
 from minedraft.data_plane.distributed import DistributedDraftReceiver, listen_store
 from minedraft.data_plane.inband import InBandDraftReceiver
-from minedraft.data_plane.payload import DraftPayload, DraftReceiver
+from minedraft.data_plane.payload import DraftPayload, DraftReceiver, DraftsAbandoned
 
 logger = logging.getLogger("minedraft.data_plane")
 
@@ -47,6 +47,7 @@ class DraftPairings:
         self.connect_timeout_s = connect_timeout_s
         self._pairings: dict[str, _Pairing] = {}
         self._ever_paired: set[str] = set()     # drafts of these, when unpaired, are lost, not unknown
+        self.last_wait_s = 0.0                  # of the last recv (only the verify thread calls it)
         self._lock = threading.Lock()
 
     def __contains__(self, drafter_id: str) -> bool:
@@ -107,7 +108,9 @@ class DraftPairings:
 
     def recv(self, drafter_id: str, step_id: int, num_tokens: int,
              timeout_s: float = 60.0) -> DraftPayload | None:
-        """One drafter step's drafts, or None when they are lost with their drafter."""
+        """One drafter step's drafts, or None when they are lost with their drafter or were
+        abandoned (`abandon`). last_wait_s: how long it waited for drafts not there yet."""
+        self.last_wait_s = 0.0
         pairing = self._pairings.get(drafter_id)
         if pairing is None:
             logger.warning("step %d: drafts from unknown drafter %s are lost", step_id, drafter_id)
@@ -116,12 +119,32 @@ class DraftPairings:
             if not pairing.formed.wait(timeout_s) or pairing.receiver is None:
                 raise TimeoutError(f"pairing with drafter {drafter_id} not formed") from pairing.error
             payload = pairing.receiver.recv(step_id, num_tokens, timeout_s)
+            self.last_wait_s = pairing.receiver.last_wait_s
+        except DraftsAbandoned:
+            logger.debug("drafter %s: drafts of step %d abandoned", drafter_id, step_id)
+            return None
         except (RuntimeError, TimeoutError) as err:
             logger.warning("drafter %s: drafts of step %d lost (%s); dropping its pairing",
                            drafter_id, step_id, err)
             self.disconnect(drafter_id)
             return None
         return payload
+
+    @property
+    def can_abandon(self) -> bool:
+        """Whether a step's drafts can be given up on while a verify step waits for them:
+        not with NCCL, which receives in the step itself, in issue order."""
+        return self.backend != "nccl"
+
+    def abandon(self, drafter_id: str, step_id: int) -> None:
+        """The drafts of this drafter step will not come: a verify step waiting for them goes
+        on without them, and any that arrive after all are dropped. A drafter not paired
+        (any more) has nothing to abandon."""
+        if not self.can_abandon:
+            raise NotImplementedError(f"the {self.backend} data plane cannot abandon a step's drafts")
+        pairing = self._pairings.get(drafter_id)
+        if pairing is not None and pairing.receiver is not None:
+            pairing.receiver.abandon(step_id)
 
     def disconnect(self, drafter_id: str) -> None:
         with self._lock:

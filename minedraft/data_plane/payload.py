@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -10,6 +12,7 @@ import torch
 VERIFIER_RANK = 0
 DRAFTER_RANK = 1
 _TAG_SPACE = 2**31  # process-group tags are non-negative int32
+ABANDONED_KEPT = 1024  # abandoned steps remembered, so drafts that arrive after all are dropped
 
 
 @dataclass(frozen=True)
@@ -45,11 +48,61 @@ class DraftSender(Protocol):
 
 
 class DraftReceiver(Protocol):
-    """Verifier side of the data plane; the control message supplies every size."""
+    """Verifier side of the data plane; the control message supplies every size.
+    last_wait_s: how long the last `recv` waited for drafts not there yet (the verify went
+    out with its draft call), apart from taking them in."""
+
+    last_wait_s: float
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload: ...
 
+    def abandon(self, step_id: int) -> None: ...
+
     def close(self) -> None: ...
+
+
+class DraftsAbandoned(Exception):
+    """The step's drafts will not come (the gateway's call for them failed): no wait, no
+    error of the pairing."""
+
+
+class Mailbox:
+    """Payloads that arrived, keyed by step id, until a verify step takes them; and the steps
+    whose drafts were abandoned. Callers hold their own lock around every method."""
+
+    def __init__(self) -> None:
+        self.ready: dict[int, DraftPayload] = {}
+        self._arrived: dict[int, float] = {}        # when each ready payload came (perf_counter)
+        self._abandoned: OrderedDict[int, None] = OrderedDict()
+
+    def put(self, payload: DraftPayload) -> bool:
+        """-> False when the step was abandoned (the payload is dropped)."""
+        if payload.step_id in self._abandoned:
+            del self._abandoned[payload.step_id]
+            return False
+        self.ready[payload.step_id] = payload
+        self._arrived[payload.step_id] = time.perf_counter()
+        return True
+
+    def abandon(self, step_id: int) -> None:
+        """Drop the step's payload if it came, and any that comes later."""
+        self.ready.pop(step_id, None)
+        self._arrived.pop(step_id, None)
+        self._abandoned[step_id] = None
+        while len(self._abandoned) > ABANDONED_KEPT:
+            self._abandoned.popitem(last=False)
+
+    def settled(self, step_id: int) -> bool:
+        """Its payload is here, or it will not come."""
+        return step_id in self.ready or step_id in self._abandoned
+
+    def take(self, step_id: int) -> tuple[DraftPayload, float]:
+        """(the payload, when it came) once `settled`; raises DraftsAbandoned when it will
+        not come."""
+        payload = self.ready.pop(step_id, None)
+        if payload is None:
+            raise DraftsAbandoned(f"data plane: the drafts of step {step_id} were abandoned")
+        return payload, self._arrived.pop(step_id)
 
 
 class _TransferMeter:
@@ -58,6 +111,7 @@ class _TransferMeter:
     def __init__(self) -> None:
         self.bytes_moved = 0
         self.last_bytes = 0
+        self.last_wait_s = 0.0
 
     def _record(self, nbytes: int) -> None:
         self.bytes_moved += nbytes

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from minedraft.v1 import generation_pb2 as minedraft_dot_v1_dot_generation__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19minedraft/v1/engine.proto\x12\x0cminedraft.v1\x1a\x1dminedraft/v1/generation.proto\"r\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"6\n\tTokenDiff\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\"2\n\tDraftItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_draft\x18\x02 \x01(\r\"\xd7\x01\n\x10\x44raftStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x18.minedraft.v1.NewRequest\x12(\n\x07updates\x18\x03 \x03(\x0b\x32\x17.minedraft.v1.TokenDiff\x12\x10\n\x08\x66inished\x18\x04 \x03(\t\x12&\n\x05items\x18\x05 \x03(\x0b\x32\x17.minedraft.v1.DraftItem\x12\r\n\x05reset\x18\x06 \x01(\x08\x12\x0f\n\x07\x64ismiss\x18\x07 \x01(\x08\"Z\n\x11\x44raftStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x62usy_s\x18\x02 \x01(\x01\x12\x12\n\nsent_bytes\x18\x04 \x01(\x04J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"Q\n\nVerifyItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_draft\x18\x02 \x01(\r\x12\x0e\n\x06source\x18\x03 \x01(\r\x12\x0c\n\x04\x64rop\x18\x04 \x01(\x08\">\n\x0b\x44raftSource\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x15\n\rdraft_step_id\x18\x02 \x01(\x04J\x04\x08\x03\x10\x04\"\xf3\x01\n\x11VerifyStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x18.minedraft.v1.NewRequest\x12\x10\n\x08\x66inished\x18\x03 \x03(\t\x12\'\n\x05items\x18\x04 \x03(\x0b\x32\x18.minedraft.v1.VerifyItem\x12*\n\x07sources\x18\x08 \x03(\x0b\x32\x19.minedraft.v1.DraftSource\x12\x13\n\x0b\x62orrow_cpus\x18\t \x01(\x08\x12\x15\n\rafter_step_id\x18\x07 \x01(\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"H\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tnum_draft\x18\x03 \x01(\r\"\x8a\x01\n\x12VerifyStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.minedraft.v1.VerifyResult\x12\x0e\n\x06\x62usy_s\x18\x03 \x01(\x01\x12\x0e\n\x06recv_s\x18\x04 \x01(\x01\x12\x10\n\x08\x62orrowed\x18\x06 \x01(\x08J\x04\x08\x05\x10\x06\"l\n\x0c\x44raftPayload\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x12\n\ndrafter_id\x18\x06 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x05 \x01(\rJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"\x13\n\x11PutDraftsResponse\"\x13\n\x11\x45ngineInfoRequest\"\xb1\x02\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x12\n\ndata_plane\x18\t \x01(\t\x12\x1c\n\x14synthetic_acceptance\x18\x0b \x01(\x02\x12\x12\n\ndrafter_id\x18\x0c \x01(\t\x12\x0f\n\x07tp_size\x18\r \x01(\r\x12\x13\n\x0binstance_id\x18\x0e \x01(\t\x12\x14\n\x0cnum_requests\x18\x0f \x01(\rJ\x04\x08\n\x10\x0b\"@\n\x15\x43onnectDrafterRequest\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x13\n\x0bpairing_key\x18\x02 \x01(\t\"R\n\x16\x43onnectDrafterResponse\x12\x12\n\ndata_plane\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bpairing_key\x18\x03 \x01(\t\"C\n\x18\x44isconnectDrafterRequest\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x13\n\x0bpairing_key\x18\x02 \x01(\t\"\x1b\n\x19\x44isconnectDrafterResponse2\x98\x01\n\x07\x44rafter\x12G\n\x04Step\x12\x1e.minedraft.v1.DraftStepRequest\x1a\x1f.minedraft.v1.DraftStepResponse\x12\x44\n\x07GetInfo\x12\x1f.minedraft.v1.EngineInfoRequest\x1a\x18.minedraft.v1.EngineInfo2\xa8\x03\n\x08Verifier\x12I\n\x04Step\x12\x1f.minedraft.v1.VerifyStepRequest\x1a .minedraft.v1.VerifyStepResponse\x12H\n\tPutDrafts\x12\x1a.minedraft.v1.DraftPayload\x1a\x1f.minedraft.v1.PutDraftsResponse\x12\x44\n\x07GetInfo\x12\x1f.minedraft.v1.EngineInfoRequest\x1a\x18.minedraft.v1.EngineInfo\x12[\n\x0e\x43onnectDrafter\x12#.minedraft.v1.ConnectDrafterRequest\x1a$.minedraft.v1.ConnectDrafterResponse\x12\x64\n\x11\x44isconnectDrafter\x12&.minedraft.v1.DisconnectDrafterRequest\x1a\'.minedraft.v1.DisconnectDrafterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19minedraft/v1/engine.proto\x12\x0cminedraft.v1\x1a\x1dminedraft/v1/generation.proto\"r\n\nNewRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.minedraft.v1.SamplingOptions\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"6\n\tTokenDiff\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\"2\n\tDraftItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_draft\x18\x02 \x01(\r\"\xd7\x01\n\x10\x44raftStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x18.minedraft.v1.NewRequest\x12(\n\x07updates\x18\x03 \x03(\x0b\x32\x17.minedraft.v1.TokenDiff\x12\x10\n\x08\x66inished\x18\x04 \x03(\t\x12&\n\x05items\x18\x05 \x03(\x0b\x32\x17.minedraft.v1.DraftItem\x12\r\n\x05reset\x18\x06 \x01(\x08\x12\x0f\n\x07\x64ismiss\x18\x07 \x01(\x08\"Z\n\x11\x44raftStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x0e\n\x06\x62usy_s\x18\x02 \x01(\x01\x12\x12\n\nsent_bytes\x18\x04 \x01(\x04J\x04\x08\x03\x10\x04J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"Q\n\nVerifyItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\tnum_draft\x18\x02 \x01(\r\x12\x0e\n\x06source\x18\x03 \x01(\r\x12\x0c\n\x04\x64rop\x18\x04 \x01(\x08\">\n\x0b\x44raftSource\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x15\n\rdraft_step_id\x18\x02 \x01(\x04J\x04\x08\x03\x10\x04\"\x8a\x02\n\x11VerifyStepRequest\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12.\n\x0cnew_requests\x18\x02 \x03(\x0b\x32\x18.minedraft.v1.NewRequest\x12\x10\n\x08\x66inished\x18\x03 \x03(\t\x12\'\n\x05items\x18\x04 \x03(\x0b\x32\x18.minedraft.v1.VerifyItem\x12*\n\x07sources\x18\x08 \x03(\x0b\x32\x19.minedraft.v1.DraftSource\x12\x13\n\x0b\x62orrow_cpus\x18\t \x01(\x08\x12\x15\n\rafter_step_id\x18\x07 \x01(\x04\x12\x15\n\rdrafts_wait_s\x18\n \x01(\x01J\x04\x08\x05\x10\x06J\x04\x08\x06\x10\x07\"H\n\x0cVerifyResult\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x11\n\tnum_draft\x18\x03 \x01(\r\"\xa1\x01\n\x12VerifyStepResponse\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12+\n\x07results\x18\x02 \x03(\x0b\x32\x1a.minedraft.v1.VerifyResult\x12\x0e\n\x06\x62usy_s\x18\x03 \x01(\x01\x12\x0e\n\x06recv_s\x18\x04 \x01(\x01\x12\x10\n\x08\x62orrowed\x18\x06 \x01(\x08\x12\x15\n\rdrafts_wait_s\x18\x07 \x01(\x01J\x04\x08\x05\x10\x06\"l\n\x0c\x44raftPayload\x12\x0f\n\x07step_id\x18\x01 \x01(\x04\x12\x12\n\ndrafter_id\x18\x06 \x01(\t\x12\x17\n\x0f\x64raft_token_ids\x18\x02 \x01(\x0c\x12\x12\n\nnum_tokens\x18\x05 \x01(\rJ\x04\x08\x03\x10\x04J\x04\x08\x04\x10\x05\"\x13\n\x11PutDraftsResponse\"A\n\x14\x41\x62\x61ndonDraftsRequest\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x15\n\rdraft_step_id\x18\x02 \x01(\x04\"\x17\n\x15\x41\x62\x61ndonDraftsResponse\"\x13\n\x11\x45ngineInfoRequest\"\xb1\x02\n\nEngineInfo\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\r\x12\x15\n\reos_token_ids\x18\x03 \x03(\x05\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x12\n\nnum_blocks\x18\x05 \x01(\r\x12\x12\n\nblock_size\x18\x06 \x01(\r\x12\x13\n\x0b\x66ree_blocks\x18\x07 \x01(\r\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x12\n\ndata_plane\x18\t \x01(\t\x12\x1c\n\x14synthetic_acceptance\x18\x0b \x01(\x02\x12\x12\n\ndrafter_id\x18\x0c \x01(\t\x12\x0f\n\x07tp_size\x18\r \x01(\r\x12\x13\n\x0binstance_id\x18\x0e \x01(\t\x12\x14\n\x0cnum_requests\x18\x0f \x01(\rJ\x04\x08\n\x10\x0b\"@\n\x15\x43onnectDrafterRequest\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x13\n\x0bpairing_key\x18\x02 \x01(\t\"R\n\x16\x43onnectDrafterResponse\x12\x12\n\ndata_plane\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bpairing_key\x18\x03 \x01(\t\"C\n\x18\x44isconnectDrafterRequest\x12\x12\n\ndrafter_id\x18\x01 \x01(\t\x12\x13\n\x0bpairing_key\x18\x02 \x01(\t\"\x1b\n\x19\x44isconnectDrafterResponse2\x98\x01\n\x07\x44rafter\x12G\n\x04Step\x12\x1e.minedraft.v1.DraftStepRequest\x1a\x1f.minedraft.v1.DraftStepResponse\x12\x44\n\x07GetInfo\x12\x1f.minedraft.v1.EngineInfoRequest\x1a\x18.minedraft.v1.EngineInfo2\x82\x04\n\x08Verifier\x12I\n\x04Step\x12\x1f.minedraft.v1.VerifyStepRequest\x1a .minedraft.v1.VerifyStepResponse\x12H\n\tPutDrafts\x12\x1a.minedraft.v1.DraftPayload\x1a\x1f.minedraft.v1.PutDraftsResponse\x12X\n\rAbandonDrafts\x12\".minedraft.v1.AbandonDraftsRequest\x1a#.minedraft.v1.AbandonDraftsResponse\x12\x44\n\x07GetInfo\x12\x1f.minedraft.v1.EngineInfoRequest\x1a\x18.minedraft.v1.EngineInfo\x12[\n\x0e\x43onnectDrafter\x12#.minedraft.v1.ConnectDrafterRequest\x1a$.minedraft.v1.ConnectDrafterResponse\x12\x64\n\x11\x44isconnectDrafter\x12&.minedraft.v1.DisconnectDrafterRequest\x1a\'.minedraft.v1.DisconnectDrafterResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,29 +47,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAFTSOURCE']._serialized_start=691
   _globals['_DRAFTSOURCE']._serialized_end=753
   _globals['_VERIFYSTEPREQUEST']._serialized_start=756
-  _globals['_VERIFYSTEPREQUEST']._serialized_end=999
-  _globals['_VERIFYRESULT']._serialized_start=1001
-  _globals['_VERIFYRESULT']._serialized_end=1073
-  _globals['_VERIFYSTEPRESPONSE']._serialized_start=1076
-  _globals['_VERIFYSTEPRESPONSE']._serialized_end=1214
-  _globals['_DRAFTPAYLOAD']._serialized_start=1216
-  _globals['_DRAFTPAYLOAD']._serialized_end=1324
-  _globals['_PUTDRAFTSRESPONSE']._serialized_start=1326
-  _globals['_PUTDRAFTSRESPONSE']._serialized_end=1345
-  _globals['_ENGINEINFOREQUEST']._serialized_start=1347
-  _globals['_ENGINEINFOREQUEST']._serialized_end=1366
-  _globals['_ENGINEINFO']._serialized_start=1369
-  _globals['_ENGINEINFO']._serialized_end=1674
-  _globals['_CONNECTDRAFTERREQUEST']._serialized_start=1676
-  _globals['_CONNECTDRAFTERREQUEST']._serialized_end=1740
-  _globals['_CONNECTDRAFTERRESPONSE']._serialized_start=1742
-  _globals['_CONNECTDRAFTERRESPONSE']._serialized_end=1824
-  _globals['_DISCONNECTDRAFTERREQUEST']._serialized_start=1826
-  _globals['_DISCONNECTDRAFTERREQUEST']._serialized_end=1893
-  _globals['_DISCONNECTDRAFTERRESPONSE']._serialized_start=1895
-  _globals['_DISCONNECTDRAFTERRESPONSE']._serialized_end=1922
-  _globals['_DRAFTER']._serialized_start=1925
-  _globals['_DRAFTER']._serialized_end=2077
-  _globals['_VERIFIER']._serialized_start=2080
-  _globals['_VERIFIER']._serialized_end=2504
+  _globals['_VERIFYSTEPREQUEST']._serialized_end=1022
+  _globals['_VERIFYRESULT']._serialized_start=1024
+  _globals['_VERIFYRESULT']._serialized_end=1096
+  _globals['_VERIFYSTEPRESPONSE']._serialized_start=1099
+  _globals['_VERIFYSTEPRESPONSE']._serialized_end=1260
+  _globals['_DRAFTPAYLOAD']._serialized_start=1262
+  _globals['_DRAFTPAYLOAD']._serialized_end=1370
+  _globals['_PUTDRAFTSRESPONSE']._serialized_start=1372
+  _globals['_PUTDRAFTSRESPONSE']._serialized_end=1391
+  _globals['_ABANDONDRAFTSREQUEST']._serialized_start=1393
+  _globals['_ABANDONDRAFTSREQUEST']._serialized_end=1458
+  _globals['_ABANDONDRAFTSRESPONSE']._serialized_start=1460
+  _globals['_ABANDONDRAFTSRESPONSE']._serialized_end=1483
+  _globals['_ENGINEINFOREQUEST']._serialized_start=1485
+  _globals['_ENGINEINFOREQUEST']._serialized_end=1504
+  _globals['_ENGINEINFO']._serialized_start=1507
+  _globals['_ENGINEINFO']._serialized_end=1812
+  _globals['_CONNECTDRAFTERREQUEST']._serialized_start=1814
+  _globals['_CONNECTDRAFTERREQUEST']._serialized_end=1878
+  _globals['_CONNECTDRAFTERRESPONSE']._serialized_start=1880
+  _globals['_CONNECTDRAFTERRESPONSE']._serialized_end=1962
+  _globals['_DISCONNECTDRAFTERREQUEST']._serialized_start=1964
+  _globals['_DISCONNECTDRAFTERREQUEST']._serialized_end=2031
+  _globals['_DISCONNECTDRAFTERRESPONSE']._serialized_start=2033
+  _globals['_DISCONNECTDRAFTERRESPONSE']._serialized_end=2060
+  _globals['_DRAFTER']._serialized_start=2063
+  _globals['_DRAFTER']._serialized_end=2215
+  _globals['_VERIFIER']._serialized_start=2218
+  _globals['_VERIFIER']._serialized_end=2732
 # @@protoc_insertion_point(module_scope)

@@ -84,7 +84,7 @@ class DraftSource(_message.Message):
     def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ...) -> None: ...
 
 class VerifyStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "borrow_cpus", "after_step_id")
+    __slots__ = ("step_id", "new_requests", "finished", "items", "sources", "borrow_cpus", "after_step_id", "drafts_wait_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +92,7 @@ class VerifyStepRequest(_message.Message):
     SOURCES_FIELD_NUMBER: _ClassVar[int]
     BORROW_CPUS_FIELD_NUMBER: _ClassVar[int]
     AFTER_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     finished: _containers.RepeatedScalarFieldContainer[str]
@@ -99,7 +100,8 @@ class VerifyStepRequest(_message.Message):
     sources: _containers.RepeatedCompositeFieldContainer[DraftSource]
     borrow_cpus: bool
     after_step_id: int
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ..., borrow_cpus: _Optional[bool] = ..., after_step_id: _Optional[int] = ...) -> None: ...
+    drafts_wait_s: float
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ..., sources: _Optional[_Iterable[_Union[DraftSource, _Mapping]]] = ..., borrow_cpus: _Optional[bool] = ..., after_step_id: _Optional[int] = ..., drafts_wait_s: _Optional[float] = ...) -> None: ...
 
 class VerifyResult(_message.Message):
     __slots__ = ("request_id", "token_ids", "num_draft")
@@ -112,18 +114,20 @@ class VerifyResult(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class VerifyStepResponse(_message.Message):
-    __slots__ = ("step_id", "results", "busy_s", "recv_s", "borrowed")
+    __slots__ = ("step_id", "results", "busy_s", "recv_s", "borrowed", "drafts_wait_s")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     RECV_S_FIELD_NUMBER: _ClassVar[int]
     BORROWED_FIELD_NUMBER: _ClassVar[int]
+    DRAFTS_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     results: _containers.RepeatedCompositeFieldContainer[VerifyResult]
     busy_s: float
     recv_s: float
     borrowed: bool
-    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., borrowed: _Optional[bool] = ...) -> None: ...
+    drafts_wait_s: float
+    def __init__(self, step_id: _Optional[int] = ..., results: _Optional[_Iterable[_Union[VerifyResult, _Mapping]]] = ..., busy_s: _Optional[float] = ..., recv_s: _Optional[float] = ..., borrowed: _Optional[bool] = ..., drafts_wait_s: _Optional[float] = ...) -> None: ...
 
 class DraftPayload(_message.Message):
     __slots__ = ("step_id", "drafter_id", "draft_token_ids", "num_tokens")
@@ -138,6 +142,18 @@ class DraftPayload(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., drafter_id: _Optional[str] = ..., draft_token_ids: _Optional[bytes] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class PutDraftsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class AbandonDraftsRequest(_message.Message):
+    __slots__ = ("drafter_id", "draft_step_id")
+    DRAFTER_ID_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    drafter_id: str
+    draft_step_id: int
+    def __init__(self, drafter_id: _Optional[str] = ..., draft_step_id: _Optional[int] = ...) -> None: ...
+
+class AbandonDraftsResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 

@@ -159,6 +159,11 @@ class VerifierStub:
                 request_serializer=minedraft_dot_v1_dot_engine__pb2.DraftPayload.SerializeToString,
                 response_deserializer=minedraft_dot_v1_dot_engine__pb2.PutDraftsResponse.FromString,
                 _registered_method=True)
+        self.AbandonDrafts = channel.unary_unary(
+                '/minedraft.v1.Verifier/AbandonDrafts',
+                request_serializer=minedraft_dot_v1_dot_engine__pb2.AbandonDraftsRequest.SerializeToString,
+                response_deserializer=minedraft_dot_v1_dot_engine__pb2.AbandonDraftsResponse.FromString,
+                _registered_method=True)
         self.GetInfo = channel.unary_unary(
                 '/minedraft.v1.Verifier/GetInfo',
                 request_serializer=minedraft_dot_v1_dot_engine__pb2.EngineInfoRequest.SerializeToString,
@@ -186,6 +191,12 @@ class VerifierServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PutDrafts(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbandonDrafts(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +232,11 @@ def add_VerifierServicer_to_server(servicer, server):
                     servicer.PutDrafts,
                     request_deserializer=minedraft_dot_v1_dot_engine__pb2.DraftPayload.FromString,
                     response_serializer=minedraft_dot_v1_dot_engine__pb2.PutDraftsResponse.SerializeToString,
+            ),
+            'AbandonDrafts': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbandonDrafts,
+                    request_deserializer=minedraft_dot_v1_dot_engine__pb2.AbandonDraftsRequest.FromString,
+                    response_serializer=minedraft_dot_v1_dot_engine__pb2.AbandonDraftsResponse.SerializeToString,
             ),
             'GetInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetInfo,
@@ -292,6 +308,33 @@ class Verifier:
             '/minedraft.v1.Verifier/PutDrafts',
             minedraft_dot_v1_dot_engine__pb2.DraftPayload.SerializeToString,
             minedraft_dot_v1_dot_engine__pb2.PutDraftsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbandonDrafts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/minedraft.v1.Verifier/AbandonDrafts',
+            minedraft_dot_v1_dot_engine__pb2.AbandonDraftsRequest.SerializeToString,
+            minedraft_dot_v1_dot_engine__pb2.AbandonDraftsResponse.FromString,
             options,
             channel_credentials,
             insecure,
