@@ -265,8 +265,7 @@ class AutoPlanner:
         drafted for), at its measured price per catch-up token."""
         if self.plan.layout != "ar":
             return {}
-        tokens = sum(len(r.pending_diff) if r.known_to_drafter else len(r.seq.token_ids)
-                     for r in requests if r.max_draft != 0)
+        tokens = sum(r.drafter_catch_up for r in requests if r.max_draft != 0)
         catch_up = self.costs().draft_per_new_token * tokens
         return {"sd": catch_up, "psd": catch_up}
 

@@ -117,11 +117,6 @@ def _verifiable(req: ActiveRequest) -> bool:
     return req.live and req.known_to_verifier
 
 
-def _catch_up(req: ActiveRequest) -> int:
-    """Tokens the request's drafter has yet to take in before drafting for it."""
-    return len(req.pending_diff) if req.known_to_drafter else len(req.seq.token_ids)
-
-
 class EngineCalls:
     def __init__(self, verifier: engine_pb2_grpc.VerifierStub, deadlines: Deadlines, model: CostModel) -> None:
         self.verifier = verifier
@@ -203,6 +198,7 @@ class EngineCalls:
         waiting for exactly these drafts (it drops an ended request's). -> (the answer, the
         busy time the cost model predicted, the items drafted in the order of the answer's
         drafts)."""
+        catch_up = sum(req.drafter_catch_up for req, _ in items)
         new_requests, updates = [], []
         for req, _ in items:
             if not req.known_to_drafter:
@@ -214,7 +210,6 @@ class EngineCalls:
             req.pending_diff = []
         finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
         ks = [k for _, k in items]
-        catch_up = sum(len(r.token_ids) for r in new_requests) + sum(len(u.new_token_ids) for u in updates)
         predicted = self.model.costs().draft(ks, catch_up)
         with naming(drafter.in_flight, [r.request_id for r, _ in items]):
             response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
@@ -227,7 +222,7 @@ class EngineCalls:
     def predict_draft(self, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]]) -> float:
         """The cost model's busy time of a batch's draft step: its slowest drafter's."""
         costs = self.model.costs()
-        return max((costs.draft([k for _, k in items], sum(_catch_up(req) for req, _ in items))
+        return max((costs.draft([k for _, k in items], sum(req.drafter_catch_up for req, _ in items))
                     for items in by_drafter.values()), default=0.0)
 
     async def abandon_drafts(self, drafter_id: str, step_id: int) -> None:

@@ -50,6 +50,12 @@ class ActiveRequest:
         return self.seq.request_id
 
     @property
+    def drafter_catch_up(self) -> int:
+        """Tokens its drafter has yet to take in before drafting for it: those verified since
+        it last heard, or all of them when it never has."""
+        return len(self.pending_diff) if self.known_to_drafter else len(self.seq.token_ids)
+
+    @property
     def live(self) -> bool:
         return not (self.done or self.cancelled or self.seq.is_finished)
 

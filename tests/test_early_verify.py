@@ -9,14 +9,12 @@ import asyncio
 
 import grpc
 import pytest
+from gateway_helpers import ClosableChannel, active_request
 
 from gateway.batch_manager import BatchManager, BatchManagerConfig
 from gateway.engine_calls import MIN_WAIT_S, Deadlines
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
-from minedraft.detokenizer import StopStringMatcher
-from minedraft.sampling_params import SamplingParams
-from minedraft.sequence import Sequence
 from minedraft.v1 import engine_pb2
 
 TOKEN = 7
@@ -90,24 +88,6 @@ class FakeDrafter:
         return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=0.02)
 
 
-class ClosableChannel:
-    async def close(self) -> None:
-        pass
-
-
-def _request(request_id: str, max_tokens: int) -> ActiveRequest:
-    seq = Sequence(request_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens, ignore_eos=True), 0, (), 2048)
-
-    class Detokenizer:
-        def add(self, ids):
-            return ""
-
-        def flush(self):
-            return ""
-
-    return ActiveRequest(seq, Detokenizer(), StopStringMatcher(()))
-
-
 async def _serve(mode: str, drafter: FakeDrafter, plane: DataPlane, requests: list[ActiveRequest],
                  early_verify: bool = True, data_plane: str = "gloo") -> tuple[WaitingVerifier, list[list[int]]]:
     verifier = WaitingVerifier(plane)
@@ -144,7 +124,7 @@ def _first(log: list[tuple[str, int]], what: str, step_id: int) -> int:
 def test_the_verify_goes_out_with_its_draft_call_and_waits_for_the_drafts(mode):
     async def scenario() -> None:
         plane = DataPlane()
-        requests = [_request("a", 9), _request("b", 9)]
+        requests = [active_request("a", 9), active_request("b", 9)]
         verifier, outputs = await _serve(mode, FakeDrafter(plane, "d"), plane, requests)
         assert outputs == [[TOKEN] * 9, [TOKEN] * 9]        # every token once: 3 a step, 3 steps
         drafted = [step for step in verifier.steps if step.sources]
@@ -166,7 +146,7 @@ def test_a_failed_draft_call_is_abandoned_at_the_verifier_and_nothing_is_lost(co
     async def scenario() -> None:
         plane = DataPlane()
         drafter = FakeDrafter(plane, "d", failing=(2,), code=code)
-        verifier, outputs = await _serve("sd", drafter, plane, [_request("a", 10)])
+        verifier, outputs = await _serve("sd", drafter, plane, [active_request("a", 10)])
         assert outputs == [[TOKEN] * 10]
         failed = [step for step in verifier.steps if step.sources][1]
         assert ("abandoned", failed.step_id) in plane.log
@@ -185,7 +165,7 @@ def test_without_early_verify_the_verify_waits_for_the_draft_call(early_verify, 
     async def scenario() -> None:
         plane = DataPlane()
         drafter = FakeDrafter(plane, "d", failing=(2,))
-        verifier, outputs = await _serve("sd", drafter, plane, [_request("a", 10)], early_verify, data_plane)
+        verifier, outputs = await _serve("sd", drafter, plane, [active_request("a", 10)], early_verify, data_plane)
         assert outputs == [[TOKEN] * 10]
         drafted = [step for step in verifier.steps if step.sources]
         for step in drafted:

@@ -14,13 +14,11 @@ import random
 import grpc
 import grpc.aio
 import pytest
+from gateway_helpers import ClosableChannel, active_request
 
 from gateway.batch_manager import BatchManager, BatchManagerConfig
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
-from minedraft.detokenizer import StopStringMatcher
-from minedraft.sampling_params import SamplingParams
-from minedraft.sequence import Sequence
 from minedraft.v1 import engine_pb2
 
 
@@ -86,24 +84,6 @@ class FakeVerifier(HoldingService):
             for i in request.items if not i.drop])
 
 
-class Channel:
-    async def close(self) -> None:
-        pass
-
-
-def _request(request_id: str, max_tokens: int) -> ActiveRequest:
-    seq = Sequence(request_id, [1, 2, 3], SamplingParams(max_tokens=max_tokens, ignore_eos=True), 0, (), 2048)
-
-    class Detokenizer:
-        def add(self, ids):
-            return ""
-
-        def flush(self):
-            return ""
-
-    return ActiveRequest(seq, Detokenizer(), StopStringMatcher(()))
-
-
 async def _finish(req: ActiveRequest) -> list:
     events = []
     while not events or events[-1].finish_reason is None:
@@ -117,7 +97,7 @@ def test_requests_cancelled_at_any_moment_are_freed_on_every_service(mode):
         rng = random.Random(seed)
         verifier, drafter = FakeVerifier(rng), FakeDrafter(rng)
         pool = DrafterPool(engine_pb2.EngineInfo())
-        pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, Channel(), drafter)
+        pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
         manager = BatchManager(BatchManagerConfig(mode=mode, k=2 if mode != "ar" else 0, max_batch=4,
                                                   kv_blocks=10_000, block_size=16, step_timeout_s=5.0,
                                                   auto_cycle_steps=2 if mode == "auto" else 0), verifier, pool)
@@ -133,7 +113,7 @@ def test_requests_cancelled_at_any_moment_are_freed_on_every_service(mode):
 
         clients = []
         for i in range(40):
-            req = _request(f"r{i}", max_tokens=rng.randrange(1, 6))
+            req = active_request(f"r{i}", max_tokens=rng.randrange(1, 6))
             manager.submit(req)
             clients.append(client(req, rng.randrange(40) if rng.random() < 0.7 else None))
             if rng.random() < 0.3:

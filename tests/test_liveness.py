@@ -7,15 +7,13 @@ import asyncio
 
 import grpc
 import pytest
+from gateway_helpers import ClosableChannel, active_request
 
 from gateway.batch_manager import BatchManager, BatchManagerConfig, Overloaded
 from gateway.engine_calls import CallCancelled, Deadlines, call_status, guarded
 from gateway.liveness import supervise
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
-from minedraft.detokenizer import StopStringMatcher
-from minedraft.sampling_params import SamplingParams
-from minedraft.sequence import Sequence
 from minedraft.v1 import engine_pb2
 
 
@@ -38,23 +36,8 @@ class ClosedChannelDrafter:
         raise asyncio.CancelledError()
 
 
-class ClosableChannel:
-    async def close(self) -> None:
-        pass
-
-
 def _request(request_id: str, max_tokens: int = 3) -> ActiveRequest:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    seq = Sequence(request_id, [1, 2, 3], params, 0, (), 2048)
-
-    class Detokenizer:
-        def add(self, ids):
-            return ""
-
-        def flush(self):
-            return ""
-
-    return ActiveRequest(seq, Detokenizer(), StopStringMatcher(()))
+    return active_request(request_id, max_tokens)
 
 
 def _config(mode: str = "psd", **overrides) -> BatchManagerConfig:
