@@ -350,8 +350,8 @@ class AutoPlanner:
             verify_calls=self.model.verify_calls, median_error=self.model.median_error,
             verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token,
             draft_per_new_token_s=c.draft_per_new_token, verify_per_new_token_s=c.verify_per_new_token,
-            verify_borrowed_per_new_token_s=c.borrowed_per_new_token, prompt_tokens_per_s=c.prompt_tokens_per_s,
-            prompt_per_output=c.prompt_per_output)
+            verify_borrowed_per_new_token_s=c.borrowed_per_new_token,
+            prompt_tokens_per_s=self.model.prompt_tokens_per_s(), prompt_per_output=c.prompt_per_output)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

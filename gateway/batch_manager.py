@@ -464,14 +464,17 @@ class BatchManager:
 
     async def _abandon(self, step_id: int, drafter_ids: list[str]) -> None:
         """The verify waiting for these drafters' drafts of this step goes on without them.
-        Should the verifier not hear of it, the verify waits out its drafts_wait_s instead."""
-        for drafter_id in drafter_ids:
-            try:
-                await self.calls.abandon_drafts(drafter_id, step_id)
-            except Exception as err:            # noqa: BLE001 - logged; the verify times the wait out
-                code, message = call_status(err)
+        Should the verifier not hear of it, the verify waits out its drafts_wait_s instead.
+        One call per drafter, all at once: the verify waits for the last of them."""
+        results = await asyncio.gather(*(self.calls.abandon_drafts(drafter_id, step_id) for drafter_id in drafter_ids),
+                                       return_exceptions=True)
+        for drafter_id, result in zip(drafter_ids, results):
+            if isinstance(result, Exception):   # logged; the verify times the wait out
+                code, message = call_status(result)
                 logger.warning("could not abandon the drafts of step %d from drafter %s (%s: %s)",
                                step_id, drafter_id, code.name, message)
+            elif isinstance(result, BaseException):
+                raise result
 
     # ---- failures ---------------------------------------------------------------------------
     def _drafter_failed(self, drafter: DrafterHandle, requests: list[ActiveRequest], err: BaseException) -> None:

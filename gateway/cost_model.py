@@ -118,7 +118,6 @@ class StepCosts:
     borrowed_per_new_token: float | None = None     # p_v on the lent cores too
     verify_per_request: float = 0.0     # s_v
     borrowed_per_request: float | None = None
-    prompt_tokens_per_s: float = 0.0    # prompt tokens arriving at the verifier, recently (shown)
     prompt_per_output: float = 0.0      # prompt tokens per output token of the recent workload
     # How far one call's busy time strays from its prediction, relative (a standard deviation):
     # what two overlapped calls cost beyond the longer prediction (planner.expected_max).
@@ -187,9 +186,14 @@ class CostModel:
         # The last WORKLOAD_WINDOW requests admitted: [prompt tokens, output tokens], the output
         # their max_tokens until they finish.
         self._workload: OrderedDict[str, list[int]] = OrderedDict()
+        # costs() is asked several times a step (each call's prediction and deadline, the
+        # planner): its answer is kept until an observation changes it.
+        self._changes = 0
+        self._cached: tuple[tuple[int, bool], StepCosts] | None = None
 
     def observe_admitted(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.observe_prompts(prompt_tokens)
+        self._changes += 1
         self._workload[request_id] = [prompt_tokens, max_tokens]
         while len(self._workload) > WORKLOAD_WINDOW:
             self._workload.popitem(last=False)
@@ -197,6 +201,7 @@ class CostModel:
     def observe_finished(self, request_id: str, output_tokens: int) -> None:
         if request_id in self._workload:
             self._workload[request_id][1] = output_tokens
+            self._changes += 1
 
     def prompt_per_output(self) -> float:
         """Prompt tokens over output tokens of the last requests admitted (a running request's
@@ -229,14 +234,18 @@ class CostModel:
     def verify_calls(self) -> int:
         return self._verify.num_observations + len(self._lent)
 
-    def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0) -> None:
+    def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0, predicted: float | None = None) -> None:
+        """predicted: what the model said when the call was made (default: what it says now)."""
         if ks and max(ks) > 0:
-            self._track(self.costs().draft(ks, new_tokens), busy_s)
+            self._track(self.costs().draft(ks, new_tokens) if predicted is None else predicted, busy_s)
+            self._changes += 1
             self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
 
-    def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False) -> None:
+    def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False,
+                       predicted: float | None = None) -> None:
         if ks:
-            self._track(self.costs().verify(ks, new_tokens, borrowed), busy_s)
+            self._track(self.costs().verify(ks, new_tokens, borrowed) if predicted is None else predicted, busy_s)
+            self._changes += 1
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
             if borrowed:
                 self._lent.append((features, busy_s))
@@ -247,6 +256,7 @@ class CostModel:
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
+        self._changes += 1
 
     def _track(self, predicted: float, measured: float) -> None:
         if measured > 0 and self.draft_calls + self.verify_calls >= 8:     # past the prior's guess
@@ -296,6 +306,13 @@ class CostModel:
         return decode_ratio, prefill_ratio
 
     def costs(self) -> StepCosts:
+        """The fitted model's answers, kept until an observation changes them."""
+        key = (self._changes, self.early_verify)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = key, self._fitted_costs()
+        return self._cached[1]
+
+    def _fitted_costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed = None, None, None, None
@@ -306,7 +323,7 @@ class CostModel:
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
-                         borrowed_per_new_token=borrowed[2], prompt_tokens_per_s=self.prompt_tokens_per_s(),
+                         borrowed_per_new_token=borrowed[2],
                          prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
                          jitter=self.jitter, early_verify=self.early_verify)

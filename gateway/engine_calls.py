@@ -183,7 +183,8 @@ class EngineCalls:
             response = await guarded(self.verifier.Step(message, timeout=self.deadlines("verify", predicted + drafting_s)),
                                      "verify")
         if observe:
-            self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed)
+            self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed,
+                                      predicted=predicted if response.borrowed == borrow_cpus else None)
         self.record("verify", step_id, start, response.drafts_wait_s, verify_busy_s=response.busy_s,
                     data_plane_s=response.recv_s,
                     verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted,
@@ -216,7 +217,7 @@ class EngineCalls:
                 step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
                 items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
                 timeout=self.deadlines("draft", predicted)), f"draft on {drafter.address}")
-        self.model.observe_draft(ks, response.busy_s, catch_up)
+        self.model.observe_draft(ks, response.busy_s, catch_up, predicted=predicted)
         return response, predicted, items
 
     def predict_draft(self, by_drafter: dict[DrafterHandle, list[tuple[ActiveRequest, int]]]) -> float:

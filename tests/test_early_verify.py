@@ -41,6 +41,7 @@ class WaitingVerifier:
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
         self.steps: list[engine_pb2.VerifyStepRequest] = []
+        self.abandoning = self.most_abandoning = 0      # AbandonDrafts calls in flight at once
 
     async def Step(self, request, timeout=None):
         self.plane.log.append(("verify sent", request.step_id))
@@ -60,6 +61,10 @@ class WaitingVerifier:
     async def AbandonDrafts(self, request, timeout=None):
         assert timeout is not None and timeout > 0
         key = (request.drafter_id, request.draft_step_id)
+        self.abandoning += 1
+        self.most_abandoning = max(self.most_abandoning, self.abandoning)
+        await asyncio.sleep(0.01)
+        self.abandoning -= 1
         self.plane.log.append(("abandoned", request.draft_step_id))
         self.plane.abandoned.add(key)
         self.plane.slot(key).set()
@@ -88,12 +93,13 @@ class FakeDrafter:
         return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=0.02)
 
 
-async def _serve(mode: str, drafter: FakeDrafter, plane: DataPlane, requests: list[ActiveRequest],
+async def _serve(mode: str, drafters: FakeDrafter | list[FakeDrafter], plane: DataPlane, requests: list[ActiveRequest],
                  early_verify: bool = True, data_plane: str = "gloo") -> tuple[WaitingVerifier, list[list[int]]]:
     verifier = WaitingVerifier(plane)
     pool = DrafterPool(engine_pb2.EngineInfo(data_plane=data_plane))
-    handle = DrafterHandle("d:1", drafter.drafter_id, "m", 1000, ClosableChannel(), drafter)
-    pool.drafters[handle.address] = handle
+    for number, drafter in enumerate(drafters if isinstance(drafters, list) else [drafters]):
+        handle = DrafterHandle(f"d:{number + 1}", drafter.drafter_id, "m", 1000, ClosableChannel(), drafter)
+        pool.drafters[handle.address] = handle
     config = BatchManagerConfig(mode=mode, k=2, max_batch=4, kv_blocks=1000, block_size=16, step_timeout_s=5.0,
                                 early_verify=early_verify)
     manager = BatchManager(config, verifier, pool)
@@ -153,6 +159,22 @@ def test_a_failed_draft_call_is_abandoned_at_the_verifier_and_nothing_is_lost(co
         assert _first(plane.log, "verify sent", failed.step_id) < _first(plane.log, "abandoned", failed.step_id)
         later = [step for step in verifier.steps if step.step_id > failed.step_id and step.items]
         assert later and all(bool(step.sources) != gone for step in later)
+
+    asyncio.run(scenario())
+
+
+def test_the_drafts_of_several_failed_drafters_are_abandoned_at_once():
+    """Two drafters, each holding one of the batch's requests, both fail the same step: both
+    sources are abandoned, concurrently (the verify waits for the last abandon), and the
+    step verifies both requests at k = 0."""
+    async def scenario() -> None:
+        plane = DataPlane()
+        drafters = [FakeDrafter(plane, "d1", failing=(2,)), FakeDrafter(plane, "d2", failing=(2,))]
+        verifier, outputs = await _serve("sd", drafters, plane, [active_request("a", 10), active_request("b", 10)])
+        assert outputs == [[TOKEN] * 10, [TOKEN] * 10]
+        failed = [step for step in verifier.steps if len(step.sources) == 2][1]
+        assert plane.log.count(("abandoned", failed.step_id)) == 2
+        assert verifier.most_abandoning == 2
 
     asyncio.run(scenario())
 

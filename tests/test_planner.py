@@ -154,6 +154,37 @@ def test_cost_model_recovers_the_costs_it_measured():
         assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.1), name
 
 
+def test_the_cost_models_answer_is_kept_until_an_observation_changes_it():
+    """costs() is asked several times a step; it is worked out once, and afresh after every
+    kind of observation (a stale answer would predict and plan from old costs)."""
+    model = CostModel()
+    answer = model.costs()
+    assert model.costs() is answer
+    for observe, changed in [
+            (lambda: model.observe_verify([2, 2], 0.02), lambda c: c.verify_per_token),
+            (lambda: model.observe_draft([2, 2], 0.01), lambda c: c.draft_per_forward),
+            (lambda: model.observe_gateway(0.05, 0.01), lambda c: c.gateway_per_step),
+            (lambda: model.observe_admitted("r", 100, 10), lambda c: c.prompt_per_output),
+            (lambda: model.observe_finished("r", 5), lambda c: c.prompt_per_output)]:
+        observe()
+        fresh = model.costs()
+        assert changed(fresh) != changed(answer)
+        assert model.costs() is fresh
+        answer = fresh
+    model.early_verify = not answer.early_verify
+    assert model.costs().early_verify != answer.early_verify
+
+
+def test_a_calls_error_is_against_the_prediction_it_was_made_with():
+    """The gateway passes the prediction it made when it sent the call (its deadline's);
+    the model's error is measured against that, not against a later fit."""
+    model = CostModel()
+    for _ in range(20):
+        model.observe_verify([1], 0.01, predicted=0.015)
+        model.observe_draft([1], 0.02, predicted=0.01)
+    assert model.median_error == pytest.approx(0.5)     # |0.015 - 0.01| / 0.01 and |0.01 - 0.02| / 0.02
+
+
 def test_linear_fit_falls_back_on_its_prior_without_data_and_checks_its_input():
     fit = LinearFit(prior=(1.0, 2.0))
     assert fit.predict((1.0, 1.0)) == pytest.approx(3.0)
