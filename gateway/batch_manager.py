@@ -37,6 +37,7 @@ import grpc
 from gateway.admission import Admission
 from gateway.auto import AutoPlanner
 from gateway.batch import Batch, BatchManagerConfig, DraftedItem, Overloaded
+from gateway.cost_model import LENT_WINDOW
 from gateway.engine_calls import Deadlines, EngineCalls, call_status
 from gateway.failures import drafter_gone, verify_failure
 from gateway.metrics import METRICS
@@ -50,6 +51,7 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
 PROFILE_DRAFTER_WAIT_S = 10.0   # auto mode's start-up profile waits this long for a first drafter
+LEND_RECHECK_S = 30.0           # lent cores measured to slow plain decoding are tried again after this
 
 
 class BatchManager:
@@ -71,6 +73,7 @@ class BatchManager:
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
+        self._lend_trial_left = 0               # plain steps still to borrow in a re-check of lending
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
         METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
@@ -308,7 +311,8 @@ class BatchManager:
                 items = [DraftedItem(r, 0) for r in live]
                 # Nothing drafts now (the other batch is empty in this layout): the verifier
                 # may compute on the drafter's cores too.
-                borrow = self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
+                borrow = (self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
+                          and self._lend())
                 in_flight.append(asyncio.ensure_future(
                     self._verify_items(step_id, items, [], previous, borrow_cpus=borrow)))
                 previous = step_id
@@ -321,6 +325,18 @@ class BatchManager:
                 self._fail_batch(batch, err)
             self._kick()
             self._maybe_replan()
+
+    def _lend(self) -> bool:
+        """Whether this plain step borrows the drafter's cores: while that was measured to pay
+        (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
+        change of load or machine is noticed. On two crowded cores two threads decoded a few
+        requests slower than one (docs/benchmarks.md)."""
+        if self.planner.costs().lending_pays:
+            return True
+        if self._lend_trial_left <= 0 and time.monotonic() - self.planner.model.lent_observed_at < LEND_RECHECK_S:
+            return False
+        self._lend_trial_left = (self._lend_trial_left or LENT_WINDOW) - 1
+        return True
 
     async def flush_frees(self) -> None:
         """When idle, hand finished requests back to the services at once (no call to ride on).

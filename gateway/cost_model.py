@@ -125,6 +125,19 @@ class StepCosts:
     # A step's verify goes out with its draft call and waits for the drafts at the verifier:
     # one gateway round trip a step, not two (BatchManager._step).
     early_verify: bool = False
+    # Lent-core decode time over the own cores' (None: not measured). Above 1 the lent cores
+    # slow plain decoding down (two threads' barriers beside the gateway and the clients on
+    # two crowded cores): it then runs on the verifier's own cores.
+    lent_ratio: float | None = None
+
+    @property
+    def lending_pays(self) -> bool:
+        """Whether plain decoding should borrow the drafter's cores: unless measured slower."""
+        return self.lent_ratio is None or self.lent_ratio < 1.0
+
+    def plain_verify(self, ks: list[int], new_tokens: int = 0) -> float:
+        """A plain-decoding step where it runs: on the lent cores if they pay, else the own."""
+        return self.verify(ks, new_tokens, borrowed=self.lending_pays)
 
     def serving_rate(self, layout: str, decode_tokens_per_s: float, prefill_slowdown: float = 1.0) -> float:
         """Output tokens per second once every output token also carries its share of prompt
@@ -189,6 +202,7 @@ class CostModel:
         # costs() is asked several times a step (each call's prediction and deadline, the
         # planner): its answer is kept until an observation changes it.
         self._changes = 0
+        self.lent_observed_at = float("-inf")       # when a lent-core call last came back
         self._cached: tuple[tuple[int, bool], StepCosts] | None = None
 
     def observe_admitted(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
@@ -248,6 +262,7 @@ class CostModel:
             self._changes += 1
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
             if borrowed:
+                self.lent_observed_at = time.monotonic()
                 self._lent.append((features, busy_s))
                 if new_tokens:
                     self._lent_prefills.append((features, busy_s))
@@ -317,6 +332,7 @@ class CostModel:
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed = None, None, None, None
         ratios = self._lent_ratios()
+        lent_ratio = None if ratios is None else ratios[0]
         if ratios is not None:
             ratio, prefill_ratio = ratios
             borrowed = ratio * verify_fixed, ratio * verify_per_token, prefill_ratio * verify_new, ratio * verify_request
@@ -326,4 +342,4 @@ class CostModel:
                          borrowed_per_new_token=borrowed[2],
                          prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
-                         jitter=self.jitter, early_verify=self.early_verify)
+                         jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio)

@@ -14,7 +14,8 @@ tokens a step.
          T = M(t(A), V(B)) + M(t(B), V(A)) + 2 g
 
 where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
-verifier's on the cores the idle drafter lends it (V where nothing is lent), and g the
+verifier's on the cores the idle drafter lends it (V where nothing is lent, or where lending
+was measured to slow plain decoding down), and g the
 gateway's share per call (plain decoding keeps two steps in flight: its g hides). With early
 verify (the default: a step's verify goes out with its draft call and waits for the drafts
 at the verifier) a batch passes through the gateway once a step, h = 1; in psd each batch
@@ -161,7 +162,7 @@ def _step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
     g = costs.gateway_per_step
     drafting = any(ks)
     if layout == "ar":
-        return None if drafting else costs.verify(list(ks), borrowed=True)
+        return None if drafting else costs.plain_verify(list(ks))
     if not drafting:
         return None
     hops = 1 if costs.early_verify else 2       # gateway round trips on a batch's way round

@@ -390,6 +390,59 @@ def test_lent_cores_cost_the_own_cores_times_robust_ratios():
     assert lent.borrowed_fixed == pytest.approx(ratio * lent.verify_fixed, rel=0.05)
 
 
+def _lent_model(ratio: float) -> tuple[CostModel, StepCosts]:
+    """A model whose lent-core decode steps took `ratio` times the own cores' time."""
+    model = CostModel()
+    own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0, verify_per_request=0.0001)
+    for n in (1, 4, 16, 32):
+        for k in (0, 2):
+            model.observe_verify([k] * n, own.verify([k] * n))
+    for n in (1, 4, 16, 32, 8):
+        model.observe_verify([0] * n, ratio * own.verify([0] * n), borrowed=True)
+    return model, own
+
+
+@pytest.mark.parametrize("ratio", [0.6, 1.4])
+def test_plain_decoding_borrows_the_drafters_cores_only_where_that_was_measured_faster(ratio):
+    """On two crowded cores two threads decoded a few requests slower than one: plain
+    decoding is then priced (and run) on the verifier's own cores."""
+    assert CostModel().costs().lending_pays                    # not measured: try it
+    model, own = _lent_model(ratio)
+    costs = model.costs()
+    assert costs.lent_ratio == pytest.approx(ratio, rel=0.1)            # (the own-core fit has a prior)
+    assert costs.lending_pays == (ratio < 1)
+    assert costs.plain_verify([0] * 8) == pytest.approx(min(ratio, 1.0) * own.verify([0] * 8), rel=0.1)
+    plan = choose_plan(costs, [PlanRequest("r", (0.0,) * K_MAX, 0)], K_MAX)
+    assert plan.layout == "ar" and plan.step_s == pytest.approx(costs.plain_verify([0]))
+
+
+def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
+    """Plain steps stop borrowing once lending was measured slower, and borrow again for a
+    window of steps (enough to renew the measured ratio) every LEND_RECHECK_S."""
+    from gateway import batch_manager
+    from gateway.batch import BatchManagerConfig
+    from gateway.cost_model import LENT_WINDOW
+    from gateway.pool import DrafterPool
+    from minedraft.v1 import engine_pb2
+
+    manager = batch_manager.BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=1000,
+                                                            block_size=16, step_timeout_s=5.0),
+                                         None, DrafterPool(engine_pb2.EngineInfo(data_plane="gloo")))
+    now = [100.0]
+    monkeypatch.setattr(batch_manager.time, "monotonic", lambda: now[0])
+    assert manager._lend()                                          # never measured: lend
+    manager.planner.model, _ = _lent_model(1.4)
+    manager.planner.model.lent_observed_at = 100.0
+    now[0] = 110.0
+    assert not manager._lend()
+    now[0] = 100.0 + batch_manager.LEND_RECHECK_S + 1
+    assert all(manager._lend() for _ in range(LENT_WINDOW))         # a re-check's window ...
+    manager.planner.model.lent_observed_at = now[0]                 # (its steps came back)
+    assert not manager._lend()                                      # ... and no more
+    manager.planner.model, _ = _lent_model(0.6)
+    assert manager._lend()
+
+
 def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
     """Every output token carries its share of prompt prefill (rho prompt tokens per output
     token) at the layout's own price: plain decoding on the lent cores, sd on the verifier
