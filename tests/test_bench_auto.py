@@ -288,14 +288,23 @@ def test_headline_ratios_are_paired_by_round():
     assert figures["over_best_fixed"] == pytest.approx(90 / 92)
     assert figures["best_fixed"] == "psd, k=4" and figures["best_fixed_rounds"] == ["psd, k=4", "sd, k=2", "psd, k=4"]
     assert figures["over_generate_rounds"] == pytest.approx([1.25, 1.2, 0.9]) and figures["over_generate"] == 1.2
+    # Held out: round 1 against the best on rounds 2 and 3 (sd, median 105 against psd's 101):
+    # 100/90; round 2 against psd (93.5 against 87.5): 120/110; round 3 against sd: 90/85.
+    assert figures["over_held_out_best_rounds"] == pytest.approx([100 / 90, 120 / 110, 90 / 85])
+    assert figures["held_out_best_rounds"] == ["sd, k=2", "psd, k=4", "sd, k=2"]
+    assert figures["over_held_out_best"] == pytest.approx(120 / 110)
     assert top.gains() == [("the best fixed setting of each round (psd, k=4 or sd, k=2)", "-2% (-4% to +5%, 3 rounds)"),
+                           ("the best fixed setting of the other rounds (sd, k=2 or psd, k=4)",
+                            "+9% (+6% to +11%, 3 rounds)"),
                            ("transformers generate", "+20% (-10% to +25%, 3 rounds)")]
     printed = terminal_table(rows, 8).splitlines()
     assert "medians of 3 interleaved rounds" in printed[1]
     assert printed[2].split()[:5] == ["mode", "k", "tok/s", "spread", "%"]
     assert printed[3].split()[:4] == ["auto", "6", "100.0", "30.0"]            # (120 - 90) / 100
     assert printed[-1] == ("headline: auto: -2% (-4% to +5%, 3 rounds) against the best fixed setting of each round "
-                           "(psd, k=4 or sd, k=2), +20% (-10% to +25%, 3 rounds) against transformers generate")
+                           "(psd, k=4 or sd, k=2), +9% (+6% to +11%, 3 rounds) against the best fixed setting of the "
+                           "other rounds (sd, k=2 or psd, k=4), +20% (-10% to +25%, 3 rounds) against transformers "
+                           "generate")
 
 
 def test_docs_regions_quote_rounds():
