@@ -330,12 +330,12 @@ class CostModel:
     def _fitted_costs(self) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
-        borrowed = None, None, None, None
+        borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
-        lent_ratio = None if ratios is None else ratios[0]
         if ratios is not None:
-            ratio, prefill_ratio = ratios
-            borrowed = ratio * verify_fixed, ratio * verify_per_token, prefill_ratio * verify_new, ratio * verify_request
+            lent_ratio, prefill_ratio = ratios
+            borrowed = (lent_ratio * verify_fixed, lent_ratio * verify_per_token, prefill_ratio * verify_new,
+                        lent_ratio * verify_request)
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
