@@ -1,0 +1,97 @@
+"""Auto mode meeting a burst: requests that arrive while a one-batch plan is in force are
+split between the two batches at the first step boundary where the plan becomes psd, before
+either batch steps, so the burst's prompts are prefilled as two overlapped halves rather
+than as one batch. In-process, with the fake services of test_early_verify and a chooser
+that plans sd for one request and psd for more."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from gateway_helpers import ClosableChannel, active_request
+from test_early_verify import TOKEN, DataPlane, FakeDrafter, WaitingVerifier
+
+import gateway.auto
+import gateway.batch_manager
+from gateway.batch_manager import BatchManager, BatchManagerConfig
+from gateway.planner import Plan
+from gateway.pool import DrafterHandle, DrafterPool
+from minedraft.v1 import engine_pb2
+
+
+class GatedVerifier(WaitingVerifier):
+    """Holds its first step until `gate` is set, so a burst can arrive while it runs."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        super().__init__(plane)
+        self.gate = asyncio.Event()
+
+    async def Step(self, request, timeout=None):
+        if request.items and not any(step.items for step in self.steps):
+            self.steps.append(request)
+            await self.gate.wait()
+            self.steps.pop()
+        return await super().Step(request, timeout)
+
+
+def _by_count(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
+    """sd for one request, psd for more (where allowed); only the chosen layout is
+    considered, so nothing is explored."""
+    layout = "sd" if len(requests) < 2 or "psd" not in layouts else "psd"
+    ids = [r.request_id for r in requests]
+    batches = (tuple(ids[0::2]), tuple(ids[1::2])) if layout == "psd" else (tuple(ids),)
+    return Plan(layout, {i: k_max for i in ids}, batches, 0.01, 100.0, {layout: 100.0}, threshold=0.0, cap=k_max)
+
+
+@pytest.fixture
+def planned_by_count(monkeypatch):
+    async def no_profile(*_args, **_kwargs) -> None:
+        return None
+
+    monkeypatch.setattr(gateway.batch_manager, "profile", no_profile)
+    monkeypatch.setattr(gateway.auto, "choose_plan", _by_count)
+
+
+def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(planned_by_count):
+    async def scenario() -> None:
+        plane = DataPlane()
+        verifier = GatedVerifier(plane)
+        drafter = FakeDrafter(plane, "d")
+        pool = DrafterPool(engine_pb2.EngineInfo(data_plane="gloo"))
+        pool.drafters["d:1"] = DrafterHandle("d:1", "d", "m", 1000, ClosableChannel(), drafter)
+        config = BatchManagerConfig(mode="auto", k=2, max_batch=8, kv_blocks=1000, block_size=16,
+                                    step_timeout_s=5.0)
+        manager = BatchManager(config, verifier, pool)
+        runner = asyncio.ensure_future(manager.run())
+        first = active_request("r0", 9)
+        manager.submit(first)
+        while not verifier.steps:                       # the lone request's step is running ...
+            await asyncio.sleep(0.005)
+        burst = [active_request(f"r{i}", 9) for i in range(1, 8)]
+        for req in burst:                               # ... when seven more arrive
+            manager.submit(req)
+        verifier.gate.set()
+        try:
+            outputs = []
+            for req in [first, *burst]:
+                tokens = []
+                while True:
+                    event = await asyncio.wait_for(req.events.get(), 10)
+                    assert event.error is None, event.error
+                    tokens.extend(event.token_ids)
+                    if event.finish_reason is not None:
+                        break
+                outputs.append(tokens)
+        finally:
+            runner.cancel()
+        assert outputs == [[TOKEN] * 9] * 8                # every token once
+        steps = [step for step in verifier.steps if step.items]
+        assert [item.request_id for item in steps[0].items] == ["r0"]
+        # The next two steps are the two batches' first: halves of the eight, overlapped.
+        halves = [{item.request_id for item in step.items} for step in steps[1:3]]
+        assert [len(half) for half in halves] == [4, 4]
+        assert halves[0] | halves[1] == {f"r{i}" for i in range(8)}
+        assert max(len(step.items) for step in steps) == 4
+
+    asyncio.run(scenario())
