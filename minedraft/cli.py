@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from minedraft import __version__
@@ -234,9 +236,24 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    # SIGTERM (a supervisor, `kill`, a CI timeout) unwinds as Ctrl-C does, so the services a
+    # command started (bench, demo) stop on the way out instead of outliving it.
+    main_thread = threading.current_thread() is threading.main_thread()    # (tests call main too)
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"minedraft {args.command}: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

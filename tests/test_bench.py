@@ -132,6 +132,7 @@ def test_bench_cli_tiny_run(tmp_path):
                "--max-tokens", "8", "--rounds", "2", "--warmup-s", "0", "--out", str(tmp_path)])
     assert rc == 0
     report = json.loads((tmp_path / "bench.json").read_text())
+    assert "partial" not in report
     rows = {r["mode"]: r for r in report["runs"]}
     assert set(rows) == {"ar", "sd", "psd"} and all(r["same_as_ar"] for r in rows.values())
     assert all(r["rounds"] == 2 and len(r["tokens_per_s_rounds"]) == 2 for r in rows.values())
@@ -206,3 +207,26 @@ def test_bench_against_running_server_and_unequal_label(tmp_path):
     rows = json.loads((tmp_path / "unequal" / "bench.json").read_text())["runs"]
     unequal = next(r for r in rows if r["mode"] == "psd-2xC")
     assert unequal["concurrency"] == 4 and "UNEQUAL" in unequal["label"]
+
+
+def test_a_stopped_sweep_keeps_the_concurrencies_it_measured(tmp_path, monkeypatch):
+    """bench.json is written after each concurrency (marked partial), so stopping a long
+    sweep, here as SIGTERM or Ctrl-C would during the second, loses only what was running."""
+    from minedraft.bench import main as bench_main
+    from minedraft.cli import main
+
+    measure = bench_main.measure_concurrency
+
+    def stopped_at_four(specs, concurrency, *rest):
+        if concurrency == 4:
+            raise KeyboardInterrupt
+        return measure(specs, concurrency, *rest)
+
+    monkeypatch.setattr(bench_main, "measure_concurrency", stopped_at_four)
+    rc = main(["bench", "--modes", "ar", "--concurrency", "2", "4", "--num-prompts", "4", "--max-tokens", "8",
+               "--warmup-s", "0", "--out", str(tmp_path)])
+    assert rc == 130
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["partial"] is True
+    assert [(r["mode"], r["concurrency"], r["output_tokens"]) for r in report["runs"]] == [("ar", 2, 32)]
+    assert not (tmp_path / "bench.json.part").exists()

@@ -246,14 +246,24 @@ def run(args: argparse.Namespace) -> int:
         rows += measured
         print(terminal_table(measured, concurrency))
         plot_runs(runs, concurrency, args, out)
+        # What is measured so far, in case the sweep is stopped (the plots across
+        # concurrencies come at the end).
+        _write_report({**report, "partial": True, "elapsed_s": progress.elapsed_s()}, out)
     plot_vs_k(rows, out)
     plot_vs_concurrency(rows, out)
     if args.rate_steps:
         plot_rate_steps(rows, args.rate_steps, out)
     report["elapsed_s"] = progress.elapsed_s()
-    (out / "bench.json").write_text(json.dumps(report, indent=1, default=float))
+    _write_report(report, out)
     print(f"\nwrote {out / 'bench.json'} and plots in {out} ({report['elapsed_s']:.0f} s)")
     return 0 if all(r["same_as_ar"] is not False for r in rows) else 1
+
+
+def _write_report(report: dict, out: Path) -> None:
+    """bench.json, replaced whole (a reader never sees half a file)."""
+    part = out / "bench.json.part"
+    part.write_text(json.dumps(report, indent=1, default=float))
+    part.replace(out / "bench.json")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
