@@ -1,8 +1,10 @@
-"""Auto mode meeting a burst: requests that arrive while a one-batch plan is in force are
-split between the two batches at the first step boundary where the plan becomes psd, before
-either batch steps, so the burst's prompts are prefilled as two overlapped halves rather
-than as one batch. In-process, with the fake services of test_early_verify and a chooser
-that plans sd for one request and psd for more."""
+"""Auto mode's batches around a change of plan. A burst that arrives while a one-batch plan
+is in force is split between the two batches at the first step boundary where the plan
+becomes psd, before either batch steps, so its prompts are prefilled as two overlapped
+halves rather than as one batch. After plain decoding, the steps in which the drafter
+catches up do not count towards the switch settling (they would be measured as the new
+layout's speed). In-process, with the fake services of test_early_verify and choosers
+fixed by the test."""
 
 from __future__ import annotations
 
@@ -93,5 +95,65 @@ def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(plann
         assert [len(half) for half in halves] == [4, 4]
         assert halves[0] | halves[1] == {f"r{i}" for i in range(8)}
         assert max(len(step.items) for step in steps) == 4
+
+    asyncio.run(scenario())
+
+
+def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_switch(monkeypatch):
+    plan = {"layout": "ar"}
+
+    def fixed(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
+        layout = plan["layout"]
+        ids = [r.request_id for r in requests]
+        return Plan(layout, {i: 0 if layout == "ar" else k_max for i in ids}, (tuple(ids),), 0.01, 100.0,
+                    {layout: 100.0}, threshold=0.0, cap=0 if layout == "ar" else k_max)
+
+    async def no_profile(*_args, **_kwargs) -> None:
+        return None
+
+    monkeypatch.setattr(gateway.batch_manager, "profile", no_profile)
+    monkeypatch.setattr(gateway.auto, "choose_plan", fixed)
+
+    async def scenario() -> None:
+        plane = DataPlane()
+        verifier = WaitingVerifier(plane)
+        pool = DrafterPool(engine_pb2.EngineInfo(data_plane="gloo"))
+        pool.drafters["d:1"] = DrafterHandle("d:1", "d", "m", 1000, ClosableChannel(), FakeDrafter(plane, "d"))
+        config = BatchManagerConfig(mode="auto", k=2, max_batch=8, kv_blocks=1000, block_size=16,
+                                    step_timeout_s=5.0)
+        manager = BatchManager(config, verifier, pool)
+        manager.planner.replan_interval_s = 0.0             # a plan at every step boundary
+        observed = []
+        observe = manager.planner.observe_step
+
+        def recording(layout, tokens, prompt_tokens):
+            observed.append(layout)
+            observe(layout, tokens, prompt_tokens)
+
+        manager.planner.observe_step = recording
+        runner = asyncio.ensure_future(manager.run())
+        requests = [active_request("a", 40), active_request("b", 40)]
+        for req in requests:
+            manager.submit(req)
+        while observed.count("ar") < 6:                     # six tokens each, the drafter unaware
+            await asyncio.sleep(0.005)
+        plan["layout"] = "sd"
+        try:
+            for req in requests:
+                tokens = []
+                while True:
+                    event = await asyncio.wait_for(req.events.get(), 10)
+                    assert event.error is None, event.error
+                    tokens.extend(event.token_ids)
+                    if event.finish_reason is not None:
+                        break
+                assert tokens == [TOKEN] * 40
+        finally:
+            runner.cancel()
+        drafted = [step for step in verifier.steps if step.sources]
+        first_sd = observed.index("sd")
+        # The first drafted step took in every token so far: it does not count; the next do.
+        assert observed[first_sd - 1] == "" and observed[first_sd:first_sd + 3] == ["sd"] * 3
+        assert len(drafted) >= 4 and all(item.num_draft == 2 for item in drafted[1].items)
 
     asyncio.run(scenario())
