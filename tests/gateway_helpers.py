@@ -3,6 +3,8 @@ text: its detokenizer yields nothing) and a channel that closes without a peer."
 
 from __future__ import annotations
 
+import asyncio
+
 from gateway.request import ActiveRequest
 from minedraft.detokenizer import StopStringMatcher
 from minedraft.sampling_params import SamplingParams
@@ -26,3 +28,14 @@ def active_request(request_id: str, max_tokens: int) -> ActiveRequest:
 class ClosableChannel:
     async def close(self) -> None:
         pass
+
+
+async def streamed_tokens(req: ActiveRequest, timeout_s: float = 10.0) -> list[int]:
+    """Every token the request's events carry, up to its final one (an error fails the test)."""
+    tokens = []
+    while True:
+        event = await asyncio.wait_for(req.events.get(), timeout_s)
+        assert event.error is None, event.error
+        tokens.extend(event.token_ids)
+        if event.finish_reason is not None:
+            return tokens

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from gateway_helpers import ClosableChannel, active_request
+from gateway_helpers import ClosableChannel, active_request, streamed_tokens
 from test_early_verify import TOKEN, DataPlane, FakeDrafter, WaitingVerifier
 
 import gateway.auto
@@ -75,16 +75,7 @@ def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(plann
             manager.submit(req)
         verifier.gate.set()
         try:
-            outputs = []
-            for req in [first, *burst]:
-                tokens = []
-                while True:
-                    event = await asyncio.wait_for(req.events.get(), 10)
-                    assert event.error is None, event.error
-                    tokens.extend(event.token_ids)
-                    if event.finish_reason is not None:
-                        break
-                outputs.append(tokens)
+            outputs = [await streamed_tokens(req) for req in [first, *burst]]
         finally:
             runner.cancel()
         assert outputs == [[TOKEN] * 9] * 8                # every token once
@@ -140,14 +131,7 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         plan["layout"] = "sd"
         try:
             for req in requests:
-                tokens = []
-                while True:
-                    event = await asyncio.wait_for(req.events.get(), 10)
-                    assert event.error is None, event.error
-                    tokens.extend(event.token_ids)
-                    if event.finish_reason is not None:
-                        break
-                assert tokens == [TOKEN] * 40
+                assert await streamed_tokens(req) == [TOKEN] * 40
         finally:
             runner.cancel()
         drafted = [step for step in verifier.steps if step.sources]

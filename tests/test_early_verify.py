@@ -9,7 +9,7 @@ import asyncio
 
 import grpc
 import pytest
-from gateway_helpers import ClosableChannel, active_request
+from gateway_helpers import ClosableChannel, active_request, streamed_tokens
 
 from gateway.batch_manager import BatchManager, BatchManagerConfig
 from gateway.engine_calls import MIN_WAIT_S, Deadlines
@@ -106,17 +106,8 @@ async def _serve(mode: str, drafters: FakeDrafter | list[FakeDrafter], plane: Da
     runner = asyncio.ensure_future(manager.run())
     for req in requests:
         manager.submit(req)
-    outputs = []
     try:
-        for req in requests:
-            tokens = []
-            while True:
-                event = await asyncio.wait_for(req.events.get(), 10)
-                assert event.error is None, event.error
-                tokens.extend(event.token_ids)
-                if event.finish_reason is not None:
-                    break
-            outputs.append(tokens)
+        outputs = [await streamed_tokens(req) for req in requests]
     finally:
         runner.cancel()
     return verifier, outputs
