@@ -111,6 +111,7 @@ class AutoPlanner:
         self._started = time.monotonic()
         self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
         self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
+        self._trial_length_s = MEASURED_ENOUGH_S    # how long the latest trial lasted, settling included
         # What was decided when, and what each layout was predicted to give then; the times on
         # the step records' clock (the Batch Manager sets the origin to theirs).
         self.history: deque[generation_pb2.PlanDecision] = deque(maxlen=HISTORY_KEPT)
@@ -278,6 +279,7 @@ class AutoPlanner:
             if layout in best.considered and measured < MEASURED_ENOUGH_S and now - since < EXPLORE_MAX_S:
                 return layout
             self._exploring = None
+            self._trial_length_s = now - since
             if measured >= MEASURED_ENOUGH_S:       # the fresh measurement replaces the old one
                 spells = self._measured[layout]
                 while spells and spells[0][0] < since:
@@ -298,14 +300,18 @@ class AutoPlanner:
 
     def _may_explore(self) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
-        most EXPLORE_SHARE of the running time (with this one's shortest length counted).
+        most EXPLORE_SHARE of the running time, with this one counted at the latest trial's
+        length (a trial lasts until MEASURED_ENOUGH_S of the layout is measured, and nothing
+        is measured before the switch settles: after plain decoding, trials of a drafting
+        layout took 0.7-1.7 s on the reference machine, not 0.3, and counted at 0.3 they
+        took a quarter of short runs).
         Every layout's first measurement is free of this, and its time is not counted: the
         choice needs one of each (counted, a first trial of a second or so at the start of a
         short run left no re-check for the rest of it, whatever that trial had measured). At
         low concurrency the layouts are predicted within 10-20% of each other, and
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""
-        return self._trial_s + MEASURED_ENOUGH_S <= EXPLORE_SHARE * self._running_s
+        return self._trial_s + self._trial_length_s <= EXPLORE_SHARE * self._running_s
 
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was

@@ -758,3 +758,31 @@ def test_the_trial_budget_is_over_recent_running_time(clock):
         _run_for(planner, clock, requests, spell_s, delivered=1.0)
     trials = sum(1 for d in planner.history if d.trying) - before
     assert trials * spell_s <= auto.EXPLORE_SHARE * 1.5 * auto.EXPLORE_WINDOW_S + auto.EXPLORE_MAX_S
+
+
+def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock):
+    """A trial lasts until enough of its layout is measured, and nothing is measured before
+    its switch settles: trials whose steps are slow to come back run to EXPLORE_MAX_S. The
+    budget counts the next trial at the latest one's length, so re-checks stay within
+    EXPLORE_SHARE of the running time (counted at MEASURED_ENOUGH_S, five times as much)."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
+    for layout in ("sd", "ar"):             # each measured for a moment, as predicted
+        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    spell_s, spells, trial_s = 0.1, 600, 0.0
+    for _ in range(spells):
+        planner._recheck_after.clear()      # every re-check is due at its shortest
+        plan = planner.replan(requests, K_MAX)
+        if planner._exploring is not None and plan.layout == planner._exploring[0]:
+            trial_s += spell_s              # none of its steps comes back in time: it never settles
+        else:
+            for _ in range(4):
+                planner.observe_step(plan.layout, round(plan.tokens_per_s * planner.slowdown(plan.layout) * spell_s / 4), 0)
+        clock[0] += spell_s
+    assert trial_s >= auto.EXPLORE_MAX_S, "never re-checked"
+    assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
