@@ -46,13 +46,18 @@ def _by_count(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
     return Plan(layout, {i: k_max for i in ids}, batches, 0.01, 100.0, {layout: 100.0}, threshold=0.0, cap=k_max)
 
 
-@pytest.fixture
-def planned_by_count(monkeypatch):
+def _plan_with(monkeypatch, chooser) -> None:
+    """Auto mode plans with `chooser` instead of choose_plan, and skips its start-up profile."""
     async def no_profile(*_args, **_kwargs) -> None:
         return None
 
     monkeypatch.setattr(gateway.batch_manager, "profile", no_profile)
-    monkeypatch.setattr(gateway.auto, "choose_plan", _by_count)
+    monkeypatch.setattr(gateway.auto, "choose_plan", chooser)
+
+
+@pytest.fixture
+def planned_by_count(monkeypatch):
+    _plan_with(monkeypatch, _by_count)
 
 
 def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(planned_by_count):
@@ -99,11 +104,7 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         return Plan(layout, {i: 0 if layout == "ar" else k_max for i in ids}, (tuple(ids),), 0.01, 100.0,
                     {layout: 100.0}, threshold=0.0, cap=0 if layout == "ar" else k_max)
 
-    async def no_profile(*_args, **_kwargs) -> None:
-        return None
-
-    monkeypatch.setattr(gateway.batch_manager, "profile", no_profile)
-    monkeypatch.setattr(gateway.auto, "choose_plan", fixed)
+    _plan_with(monkeypatch, fixed)
 
     async def scenario() -> None:
         plane = DataPlane()

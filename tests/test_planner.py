@@ -692,6 +692,19 @@ def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(cloc
     assert planner.slowdown("sd") == pytest.approx(1.0, abs=0.02)
 
 
+def _settled_in_psd_the_others_measured_briefly(clock):
+    """A planner running eight requests in psd, sd and ar each measured for a moment, as
+    predicted; -> (planner, requests)."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
+    for layout in ("sd", "ar"):
+        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    return planner, requests
+
+
 def test_re_checks_take_a_bounded_share_of_the_time(clock):
     """Trials of layouts measured before take at most EXPLORE_SHARE of the running time,
     however often the re-check schedule says one is due (at low concurrency the load swings
@@ -699,13 +712,7 @@ def test_re_checks_take_a_bounded_share_of_the_time(clock):
     worse. A layout never measured is tried whatever the budget."""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
-    for layout in ("sd", "ar"):             # each measured for a moment, as predicted
-        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    planner, requests = _settled_in_psd_the_others_measured_briefly(clock)
     spell_s, spells = 0.1, 400
     for _ in range(spells):
         planner._recheck_after.clear()      # the load swung: every re-check is due at its shortest
@@ -767,13 +774,7 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock):
     EXPLORE_SHARE of the running time (counted at MEASURED_ENOUGH_S, five times as much)."""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
-    for layout in ("sd", "ar"):             # each measured for a moment, as predicted
-        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+    planner, requests = _settled_in_psd_the_others_measured_briefly(clock)
     spell_s, spells, trial_s = 0.1, 600, 0.0
     for _ in range(spells):
         planner._recheck_after.clear()      # every re-check is due at its shortest
