@@ -22,7 +22,7 @@ from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error
 from minedraft.bench.rounds import fold_rows, fold_runs, median_row
 from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
                                   serve_config)
-from minedraft.bench.table import markdown_table, markdown_tables, terminal_table
+from minedraft.bench.table import markdown_table, markdown_tables, overview_table, terminal_table
 from minedraft.bench.workload import load_workload
 from minedraft.metrics import AcceptanceStats
 
@@ -317,6 +317,25 @@ def test_docs_regions_quote_rounds():
     tables = markdown_tables(report)
     assert "Figures: medians of 3 interleaved rounds; spread %: (max - min) / median of tok/s." in tables
     assert "| mode | k | tok/s | spread % |" in tables and "| auto | 6 | **100.0** | 30.0 |" in tables
+
+
+def test_overview_table_is_the_sweep_in_one_table():
+    """A row per concurrency: each fixed mode at its best k, and auto's ratios as the median of
+    the rounds' own (not of the medians) with their range."""
+    rows = _rounds_rows()
+    for row in rows:
+        row.update(latency_p50_s={"auto": 1.1, "psd": 1.0}.get(row["mode"], 2.0), mean_draft_length=2.64,
+                   layout_share={"psd": 0.8, "ar": 0.2})
+    report = {"config": {"rounds": 3}, "runs": rows + [{**r, "concurrency": 16} for r in rows if r["mode"] != "auto"]}
+    text = overview_table(report)
+    assert text.startswith("tok/s: medians of 3 interleaved rounds")
+    lines = text[text.index("| C |"):].splitlines()
+    assert lines[0].split(" | ")[3:6] == ["sd best", "psd best", "transformers generate"]
+    # sd's median is 90, psd's 95; auto over each round's best: 100/95, 120/125, 90/92; over
+    # the other rounds' best: 100/90, 120/110, 90/85; p50 1.1 against psd's 1.0.
+    assert lines[2] == "| 8 | 100 | psd 80% | 90 (k=2) | 95 (k=4) | 100 | 0.98 (0.96-1.05) | 1.09 (1.06-1.11) | 1.10 | 2.6 |"
+    assert len(lines) == 3                  # no auto at C = 16: no row
+    assert overview_table({"runs": [r for r in rows if r["mode"] != "auto"]}) == ""
 
 
 def test_num_prompts_default():

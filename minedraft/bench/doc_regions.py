@@ -15,12 +15,13 @@ import textwrap
 from pathlib import Path
 
 from minedraft.bench.headline import FIXED_MODES, ONE_CORE_AR, best_fixed_text, headline, percent, ratio_range
-from minedraft.bench.table import by_concurrency, markdown_tables
+from minedraft.bench.table import by_concurrency, markdown_tables, overview_table
 
 README = "README.md"
 BENCHMARKS = "docs/benchmarks.md"
 SUMMARY_REGION = "bench-summary"
 TABLES_REGION = "bench-tables"
+OVERVIEW_REGION = "bench-overview"      # docs/benchmarks.md: the sweep in one table (auto's runs only)
 # Flags that change what a run measures, as `minedraft bench` spells them. Model paths are
 # left out of the command shown: they name the machine the run was made on.
 WORKLOAD_FLAGS = {
@@ -132,5 +133,6 @@ def _one_core_modes(config: dict) -> list[str]:
 def regenerate(report: dict, root: Path) -> dict[Path, str]:
     """README.md and docs/benchmarks.md under `root` -> their text with the regions rewritten."""
     readme, benchmarks = root / README, root / BENCHMARKS
+    text = replace_region(benchmarks.read_text(), TABLES_REGION, markdown_tables(report))
     return {readme: replace_region(readme.read_text(), SUMMARY_REGION, readme_summary(report)),
-            benchmarks: replace_region(benchmarks.read_text(), TABLES_REGION, markdown_tables(report))}
+            benchmarks: replace_region(text, OVERVIEW_REGION, overview_table(report))}

@@ -9,10 +9,11 @@ Both views are laid out by minedraft/tables.py, as every table the project print
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
+from minedraft.bench.headline import FIXED_MODES, GENERATE, ONE_CORE_AR, TOKENS_PER_S, headline, num_rounds, runs_of
 from minedraft.tables import markdown_lines, text_table
 
 
@@ -191,3 +192,50 @@ def markdown_tables(report: dict) -> str:
         out.append(f"Best k of each mode: {summary} tok/s." + (f" **{text}.**" if text else ""))
         out.append("")
     return "\n".join(out).rstrip("\n")
+
+
+def _ratio_cell(figures: dict, key: str) -> str:
+    """"0.94 (0.88-1.01)": the median ratio and its range over the rounds."""
+    if key not in figures:
+        return ""
+    ratios = figures.get(f"{key}_rounds", [])
+    spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(ratios) > 1 else ""
+    return f"{figures[key]:.2f}{spread}"
+
+
+def overview_table(report: dict) -> str:
+    """The whole sweep in one table, a row per concurrency: auto's throughput and most used
+    layout, each fixed mode at its best k, transformers' generate, auto over the best fixed
+    setting (of each round, and of the other rounds), auto's p50 latency over that of the
+    fastest fixed setting, and auto's mean draft length. "" for a run without auto."""
+    runs = by_concurrency(report)
+    modes = [m for m in (*FIXED_MODES, GENERATE) if any(r["mode"] == m for rows in runs.values() for r in rows)]
+    lines = []
+    for concurrency, rows in runs.items():
+        top = headline(rows)
+        if top is None or top.subject["mode"] != "auto":
+            continue
+        auto, best = top.subject, best_by_mode(rows)
+        figures = top.figures()
+        cells = [str(concurrency), f"{auto[TOKENS_PER_S]:.0f}", _layout(auto)]
+        for mode in modes:
+            row = best.get(mode)
+            k = f" (k={row['k']})" if row and mode in ("sd", "sd-colocated", "psd") else ""
+            cells.append(f"{row[TOKENS_PER_S]:.0f}{k}" if row else "")
+        fixed = top.best_fixed
+        p50 = (f"{auto['latency_p50_s'] / fixed['latency_p50_s']:.2f}"
+               if fixed and fixed.get("latency_p50_s") and "latency_p50_s" in auto else "")
+        cells += [_ratio_cell(figures, "over_best_fixed"), _ratio_cell(figures, "over_held_out_best"), p50,
+                  _figure("mean_draft_length", ".1f")(auto)]
+        lines.append(cells)
+    if not lines:
+        return ""
+    names = {GENERATE: "transformers generate", "sd": "sd best", "sd-colocated": "sd-colocated best",
+             "psd": "psd best"}
+    header = ["C", "auto tok/s", "auto's layout", *[names.get(m, m) for m in modes],
+              "auto / best fixed", "auto / other rounds' best", "p50 / best fixed's", "auto mean k"]
+    rounds = num_rounds(next(iter(runs.values())))
+    note = (f"tok/s: medians of {rounds} interleaved rounds; a ratio is the median of the rounds' own, "
+            "its range in brackets" if rounds > 1 else "tok/s of one round")
+    return "\n".join([textwrap.fill(f"{note}; auto's layout: its most used, by share of steps.", 92), "",
+                      *markdown_lines(header, lines)])
