@@ -10,6 +10,7 @@ import pytest
 
 from gateway.cost_model import CostModel, LinearFit, StepCosts
 from gateway.planner import PlanRequest, _step_s, choose_plan, expected_max
+from minedraft.constants import LAYOUTS
 
 K_MAX = 8
 
@@ -787,3 +788,30 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock):
         clock[0] += spell_s
     assert trial_s >= auto.EXPLORE_MAX_S, "never re-checked"
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
+
+
+def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monkeypatch):
+    """sd settled for the last request of a wave is not kept for the next wave's 64 on the
+    switch margin: psd, predicted 5% faster for them, is chosen at once (kept, sd prefilled a
+    burst of 64 prompts as one batch). At the load it was chosen for, the margin holds."""
+    from gateway import auto
+    from gateway.planner import Plan
+
+    def rates_for(n: int) -> dict[str, float]:
+        return {"sd": 100.0, "ar": 40.0, "psd": 40.0} if n == 1 else {"psd": 100.0, "sd": 95.0, "ar": 50.0}
+
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
+        rates = {layout: rate for layout, rate in rates_for(len(wanted)).items() if layout in layouts}
+        layout = max(rates, key=rates.get)
+        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+
+    monkeypatch.setattr(auto, "choose_plan", choose)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    assert planner.replan([_active(0)], K_MAX).layout == "sd"
+    clock[0] += 0.5
+    burst = [_active(i) for i in range(64)]
+    assert planner.replan(burst, K_MAX).layout == "psd"
+    best = choose(None, burst, K_MAX)
+    planner._settled, planner._settled_for = "sd", 64
+    assert planner._layout_to_keep(best, 48) == "sd"          # the same load: no flapping on 5%
+    assert planner._layout_to_keep(best, 16) is None
