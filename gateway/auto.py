@@ -330,10 +330,8 @@ class AutoPlanner:
 
     def _layout_to_keep(self, best: Plan, running: int) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise) or the
-        load is no longer the one it was chosen for (within a factor of two): a layout settled
-        for the last request of a wave says nothing about the next wave's 64, and kept on the
-        margin it prefilled a burst of 64 prompts as one sd batch (3.2 s on the reference
-        machine) where psd, predicted 8% faster, would have prefilled two overlapped halves.
+        load is not the one it was chosen for, within a factor of two (sd settled for a wave's
+        last request, kept on the margin, prefilled the next wave's 64 prompts as one batch).
         A layout only being tried never counts as settled: after its trial it must win outright."""
         current = best.considered.get(self._settled)
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * SWITCH_MARGIN
