@@ -79,6 +79,11 @@ class _Spell:
         return self.tokens / self.decode_tokens_per_s, self.prompt_tokens * self.prefill_s_per_token
 
 
+def _same_load(running: int, then: int) -> bool:
+    """Whether `running` requests are about the load of `then` (within a factor of two)."""
+    return 0.5 <= running / max(1, then) <= 2.0
+
+
 class AutoPlanner:
     def __init__(self, k_max: int, replan_interval_s: float = 0.2, cycle_steps: int = 0) -> None:
         """cycle_steps > 0 is for tests: ignore the costs, rotate the layouts every that many
@@ -235,7 +240,7 @@ class AutoPlanner:
                 if kept is None:
                     self._settled, self._settled_for = best.layout, len(requests)
                 self._recheck_after.pop(self._settled, None)
-            if not 0.5 <= len(requests) / max(1, self._recheck_load) <= 2.0:     # the load moved: re-check
+            if not _same_load(len(requests), self._recheck_load):            # the load moved: re-check
                 self._recheck_after.clear()                                     # at the usual pace
                 self._recheck_load = len(requests)
             stay = trying or self._settled
@@ -335,7 +340,7 @@ class AutoPlanner:
         A layout only being tried never counts as settled: after its trial it must win outright."""
         current = best.considered.get(self._settled)
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * SWITCH_MARGIN
-                and 0.5 <= running / max(1, self._settled_for) <= 2.0):
+                and _same_load(running, self._settled_for)):
             return self._settled
         return None
 

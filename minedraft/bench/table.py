@@ -77,6 +77,8 @@ COLUMNS = (MODE, K, THROUGHPUT, SPREAD, REQUESTS,
            SAME_AS_AR)
 # The docs state once, above the tables, that every output equals ar's.
 MARKDOWN_COLUMNS = tuple(c for c in COLUMNS if c not in (REQUESTS, SAME_AS_AR))
+# The fixed modes that run at a draft length: the overview names each at its best k.
+DRAFTING_MODES = ("sd", "sd-colocated", "psd")
 # The rows of a run that go in its tables, in this order within a concurrency.
 TABLE_MODES = ("auto", "ar", ONE_CORE_AR, "sd", "sd-colocated", "psd", GENERATE)
 
@@ -220,7 +222,7 @@ def overview_table(report: dict) -> str:
         cells = [str(concurrency), f"{auto[TOKENS_PER_S]:.0f}", _layout(auto)]
         for mode in modes:
             row = best.get(mode)
-            k = f" (k={row['k']})" if row and mode in ("sd", "sd-colocated", "psd") else ""
+            k = f" (k={row['k']})" if row and mode in DRAFTING_MODES else ""
             cells.append(f"{row[TOKENS_PER_S]:.0f}{k}" if row else "")
         fixed = top.best_fixed
         p50 = (f"{auto['latency_p50_s'] / fixed['latency_p50_s']:.2f}"
@@ -230,8 +232,7 @@ def overview_table(report: dict) -> str:
         lines.append(cells)
     if not lines:
         return ""
-    names = {GENERATE: "transformers generate", "sd": "sd best", "sd-colocated": "sd-colocated best",
-             "psd": "psd best"}
+    names = {GENERATE: "transformers generate", **{m: f"{m} best" for m in DRAFTING_MODES}}
     header = ["C", "auto tok/s", "auto's layout", *[names.get(m, m) for m in modes],
               "auto / best fixed", "auto / other rounds' best", "p50 / best fixed's", "auto mean k"]
     rounds = num_rounds(next(iter(runs.values())))
