@@ -21,7 +21,7 @@ from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, pois
 from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
 from minedraft.bench.rounds import fold_rows, fold_runs, median_row
 from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
-                                  serve_config)
+                                  serve_config, spread_modes)
 from minedraft.bench.table import markdown_table, markdown_tables, overview_table, terminal_table
 from minedraft.bench.workload import load_workload
 from minedraft.metrics import AcceptanceStats
@@ -219,12 +219,12 @@ def test_tables_show_auto_columns_and_the_headline():
 
 
 def test_rounds_interleave_every_run():
-    """Every spec once a round; round 1 in the usual order, odd rounds backwards (over a pair
-    of rounds every spec's mean position is the same), and each round starts with another spec."""
+    """Every spec once a round; round 1 with the modes spread, odd rounds backwards (over a
+    pair of rounds every spec's mean position is the same), and each round starts with another spec."""
     specs = [RunSpec(mode, k, 8) for mode, k in [("auto", 6), ("ar", 0), ("sd", 2), ("psd", 2), ("psd", 4)]]
     for rounds in (2, 3, 4):
         orders = [round_order(specs, index, rounds) for index in range(rounds)]
-        assert orders[0] == specs and orders[1] == specs[::-1]
+        assert orders[0] == spread_modes(specs) and orders[1] == orders[0][::-1]
         assert all(sorted(order, key=specs.index) == specs for order in orders)
         assert all(a != b for a, b in itertools.pairwise(orders))
         assert len({order[0] for order in orders}) == rounds           # no spec always runs first
@@ -232,6 +232,25 @@ def test_rounds_interleave_every_run():
             assert {first.index(s) + second.index(s) for s in specs} == {len(specs) - 1}
     assert round_order(specs[:1], 1, 2) == specs[:1] and round_order([], 0, 3) == []
     assert apply_presets(bench_args("--rounds", "0"))
+
+
+def test_a_rounds_runs_of_one_mode_are_spread_over_it():
+    """A mode's settings never run one after another (they would share one spell of the
+    machine's speed): each mode's j-th of n runs sits near (j + 1/2) / n of the round, and a
+    mode of one run mid-round."""
+    args = bench_args("--sweep", "--peers")
+    assert apply_presets(args) is None
+    specs = [spec for spec in run_list(args) if spec.concurrency == 8]
+    order = spread_modes(specs)
+    assert sorted(order, key=specs.index) == specs
+    assert all(a.mode != b.mode for a, b in itertools.pairwise(order))
+    for mode in {spec.mode for spec in specs}:
+        positions = [i for i, spec in enumerate(order) if spec.mode == mode]
+        runs = len(positions)
+        assert [spec.k for spec in order if spec.mode == mode] == [s.k for s in specs if s.mode == mode]
+        for j, position in enumerate(positions):
+            assert abs((position + 0.5) / len(order) - (j + 0.5) / runs) <= 0.5 / runs
+    assert [(s.mode, s.k) for s in order][:5] == [("psd", 2), ("sd", 2), ("sd-colocated", 2), ("psd", 4), ("auto", 8)]
 
 
 def test_progress_names_the_round(capsys):
@@ -265,6 +284,9 @@ def test_rounds_fold_into_medians_and_spread():
     folded = fold_runs(runs)
     assert list(folded) == [("ar", 0), ("psd", 4)] and folded["ar", 0]["row"]["output_tokens_per_s"] == 50.0
     assert folded["psd", 4]["steps"] == [0]                            # round 1's step records
+    runs[0] = dict(reversed(runs[0].items()))                          # round 1 ran psd first ...
+    assert list(fold_runs(runs)) == [("psd", 4), ("ar", 0)]
+    assert list(fold_runs(runs, [("ar", 0), ("psd", 4)])) == [("ar", 0), ("psd", 4)]     # ... listed as given
 
 
 def _rounds_rows() -> list[dict]:

@@ -11,10 +11,11 @@ picks. The headline is auto against the best fixed setting and transformers' gen
 (headline.py). Writes one JSON with every number and PNG plots.
 
 A run sends --num-prompts prompts, by default max(16, 2C). --rounds N makes every run at a
-concurrency N times, interleaved (each round in another order, runs.round_order), and
-reports each figure as the median of its rounds with the throughput's spread, and the
-headline's ratios paired within each round (rounds.py, headline.py): a run of a few seconds
-on a noisy machine swings 10-25%, and one round says little about a gain of a few percent.
+concurrency N times, interleaved (each round in another order, each mode's runs spread over
+it: runs.round_order), and reports each figure as the median of its rounds with the
+throughput's spread, and the headline's ratios paired within each round (rounds.py,
+headline.py): a run of a few seconds on a noisy machine swings 10-25%, and one round says
+little about a gain of a few percent.
 
 This file is the run loop and the flags. The rest of the harness: runs.py (presets, the
 list of runs and their order in each round), rounds.py (rounds folded into medians),
@@ -190,10 +191,11 @@ def measure_round(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
 def measure_concurrency(specs: list[RunSpec], concurrency: int, args: argparse.Namespace,
                         progress: Progress) -> tuple[dict, list[dict]]:
     """Every run at one concurrency, --rounds times interleaved -> ((mode, k) -> measured run,
-    transformers' rows), one per (mode, k) with the medians of its rounds (in round 1's order)."""
+    transformers' rows), one per (mode, k) with the medians of its rounds, in `specs`' order."""
     rounds = [measure_round(round_order(specs, index, args.rounds), concurrency, args, progress, index)
               for index in range(args.rounds)]
-    return fold_runs([runs for runs, _ in rounds]), fold_rows([peers for _, peers in rounds])
+    return (fold_runs([runs for runs, _ in rounds], [(spec.mode, spec.k) for spec in specs]),
+            fold_rows([peers for _, peers in rounds]))
 
 
 def plot_runs(runs: dict, concurrency: int, args: argparse.Namespace, out: Path) -> None:

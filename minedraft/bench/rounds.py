@@ -53,11 +53,13 @@ def fold_rows(rounds: list[list[dict]]) -> list[dict]:
     return [median_row([r for rows in rounds for r in rows if (r["mode"], r["k"]) == key]) for key in keys]
 
 
-def fold_runs(rounds: list[dict]) -> dict:
+def fold_runs(rounds: list[dict], listed: list[tuple[str, int]] = ()) -> dict:
     """Measured runs of every round ((mode, k) -> {"row", "steps", "token_ids", "history"}) ->
     one per (mode, k): the median row, and round 1's step records, outputs and auto's
     decisions. Round 1's, not the rounds pooled: the timeline and auto's choices are drawn on
     one run's clock, and the figures made from step records (shares, the cost model's error)
-    are already medians."""
-    return {key: {**run, "row": median_row([runs[key]["row"] for runs in rounds if key in runs])}
-            for key, run in rounds[0].items()}
+    are already medians. In `listed`'s order (the tables', not the order they ran in), then
+    any not listed."""
+    keys = sorted(rounds[0], key=lambda key: listed.index(key) if key in listed else len(listed))
+    return {key: {**rounds[0][key], "row": median_row([runs[key]["row"] for runs in rounds if key in runs])}
+            for key in keys}

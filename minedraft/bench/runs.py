@@ -153,16 +153,30 @@ def run_list(args: argparse.Namespace) -> list[RunSpec]:
 
 
 def round_order(specs: list[RunSpec], index: int, rounds: int) -> list[RunSpec]:
-    """The runs of round `index` (from 0) of `rounds`: every spec once. Odd rounds run the
-    previous round's order backwards, so over a pair of rounds a slow drift of the machine's
-    speed weighs on every spec alike; each pair starts a further len/pairs specs along the
-    list, so no spec always runs first. Round 0 is the usual order."""
+    """The runs of round `index` (from 0) of `rounds`: every spec once, the modes spread over
+    the round (`spread_modes`). Odd rounds run the previous round's order backwards, so over a
+    pair of rounds a slow drift of the machine's speed weighs on every spec alike; each pair
+    starts a further len/pairs specs along the list, so no spec always runs first."""
     if not specs:
         return []
     pairs = (rounds + 1) // 2
-    shift = index // 2 * max(1, len(specs) // pairs) % len(specs)
-    order = specs[shift:] + specs[:shift]
+    spread = spread_modes(specs)
+    shift = index // 2 * max(1, len(spread) // pairs) % len(spread)
+    order = spread[shift:] + spread[:shift]
     return order[::-1] if index % 2 else order
+
+
+def spread_modes(specs: list[RunSpec]) -> list[RunSpec]:
+    """The specs with each mode's runs spread evenly over the list (its j-th of n at (j + 1/2)
+    / n of the way), not one after the other: run together, a mode's settings shared whatever
+    the machine's speed was for those minutes (a sweep's round 1 had sd at 44-67 tok/s and psd
+    at 81-91 at C = 1, round 2 sd at 64-78 and psd at 65-76), and the best of a mode's
+    settings stood for a fast spell, not the mode. A mode of one run lands mid-round."""
+    modes = list(dict.fromkeys(spec.mode for spec in specs))
+    by_mode = {mode: [spec for spec in specs if spec.mode == mode] for mode in modes}
+    placed = [((j + 0.5) / len(runs), modes.index(mode), spec)
+              for mode, runs in by_mode.items() for j, spec in enumerate(runs)]
+    return [spec for *_, spec in sorted(placed, key=lambda p: p[:2])]
 
 
 def _duration(seconds: float) -> str:
