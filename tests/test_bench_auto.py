@@ -362,7 +362,7 @@ def test_overview_table_is_the_sweep_in_one_table():
 
 def test_num_prompts_default():
     args = bench_args()
-    assert [num_prompts(c, args) for c in (1, 2, 8, 16, 64)] == [16, 16, 16, 32, 128]
+    assert [num_prompts(c, args) for c in (1, 2, 4, 8, 16, 64)] == [16, 16, 16, 32, 64, 256]
     assert num_prompts(1, bench_args("--num-prompts", "4")) == 4
     assert len(workload_for(1, args).prompts) == 16 and len(workload_for(2, args, scale=2).prompts) == 32
 

@@ -10,7 +10,7 @@ of C/2 (one batch of 1 at C = 1, where it has no overlap ceiling), auto C in the
 picks. The headline is auto against the best fixed setting and transformers' generate
 (headline.py). Writes one JSON with every number and PNG plots.
 
-A run sends --num-prompts prompts, by default max(16, 2C). --rounds N makes every run at a
+A run sends --num-prompts prompts, by default max(16, 4C). --rounds N makes every run at a
 concurrency N times, interleaved (each round in another order, each mode's runs spread over
 it: runs.round_order), and reports each figure as the median of its rounds with the
 throughput's spread, and the headline's ratios paired within each round (rounds.py,
@@ -64,7 +64,7 @@ def arrivals_for(count: int, args: argparse.Namespace) -> list[float] | None:
 
 def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> Workload:
     """The prompts of a run: as many as the --rate-steps schedule sends, else --num-prompts
-    (default max(16, 2C)), `scale` times over."""
+    (default max(16, 4C)), `scale` times over."""
     count = len(poisson_arrivals(args.rate_steps)) if args.rate_steps else num_prompts(concurrency, args)
     return load_workload(args.dataset, scale * count)
 
@@ -280,8 +280,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="the longest draft auto may choose (default: the largest --k or --psd-k)")
     bench.add_argument("--concurrency", type=int, nargs="+", default=[8])
     bench.add_argument("--num-prompts", type=int, default=0,
-                       help="prompts per run (default: max(16, 2 x concurrency), so a run at C = 1 or 2 "
-                            "lasts more than a second or two)")
+                       help="prompts per run (default: max(16, 4 x concurrency): every request slot "
+                            "refilled three times, so most of a run is steady serving)")
     bench.add_argument("--rounds", type=int, default=1,
                        help="make every run at a concurrency N times, interleaved (each round in another "
                             "order); report each figure's median, the throughput's spread, and the "

@@ -57,19 +57,22 @@ def transformers_generate(tokenizer, model, prompts: list[str], new_tokens: int,
 
 def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) -> list[dict]:
     """transformers in this process on all cores (--all-cpus' count of threads): batched generate
-    at batch C, and assisted generation (speculative, batch 1 only) on the same prompts and
-    output length."""
+    at batch C on the run's prompts, and assisted generation (speculative, batch 1 only) on the
+    first MIN_PROMPTS of them (at batch 1 more prompts change nothing but the time: 256 of them
+    took over three minutes a round at C = 64), at the same output length."""
     import torch
 
+    from minedraft.bench.runs import MIN_PROMPTS
     from minedraft.service.placement import parse_cpus
 
     torch.set_num_threads(len(parse_cpus(args.all_cpus)) or os.cpu_count() or 1)
     tokenizer, model, assistant = load_peer(args.target, args.draft)
     rows = []
-    for mode, batch, helper in [("hf-generate", concurrency, None), ("hf-assisted", 1, assistant)]:
+    for mode, batch, helper, measured in [("hf-generate", concurrency, None, prompts),
+                                          ("hf-assisted", 1, assistant, prompts[:MIN_PROMPTS])]:
         # Warm-up, as our services get one: a first call's one-off costs are no part of the rate.
         transformers_generate(tokenizer, model, prompts[:batch], 4, batch, helper)
-        tps = transformers_generate(tokenizer, model, prompts, args.max_tokens, batch, helper)
+        tps = transformers_generate(tokenizer, model, measured, args.max_tokens, batch, helper)
         rows.append({"mode": mode, "k": 0, "concurrency": concurrency if helper is None else 1,
                      "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True})
     return rows

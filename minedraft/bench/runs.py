@@ -26,8 +26,11 @@ MEMORY_BOUND_ACCEPTANCE = 0.7
 SWEEP_CONCURRENCY = [1, 2, 4, 8, 16, 32, 64]
 SWEEP_K = [2, 4, 6]
 SWEEP_PSD_K = [2, 4, 6, 8]
-# --num-prompts' floor: at C = 1 or 2, 2C prompts last a second or two, which this machine's
-# noise swamps.
+# --num-prompts' default: PROMPTS_PER_SLOT x C, so most of a run is steady serving rather than
+# the burst it opens with and the tail it ends with (at 2C a run at C = 8 lasted 3-4 s, and
+# auto's first decisions, made in the burst, were most of it); never fewer than MIN_PROMPTS:
+# at C = 1 or 2 a few prompts last a second or two, which this machine's noise swamps.
+PROMPTS_PER_SLOT = 4
 MIN_PROMPTS = 16
 PEERS = "peers"          # transformers' rows (peers.py), one entry for the pair at a concurrency
 SERVER = "server"        # --server: the running gateway's own mode and k
@@ -93,9 +96,8 @@ def prepare_memory_bound(out: Path) -> tuple[str, str]:
 
 
 def num_prompts(concurrency: int, args: argparse.Namespace) -> int:
-    """--num-prompts, by default max(16, 2C): every request slot refilled once, and never so
-    few that the run ends before the machine's noise averages out."""
-    return args.num_prompts or max(MIN_PROMPTS, 2 * concurrency)
+    """--num-prompts, by default max(16, 4C): every request slot refilled three times."""
+    return args.num_prompts or max(MIN_PROMPTS, PROMPTS_PER_SLOT * concurrency)
 
 
 def mode_ks(mode: str, args: argparse.Namespace) -> list[int]:
