@@ -3,6 +3,7 @@ cases, and fits that recover the costs they were given."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -222,6 +223,39 @@ def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
     reach = estimate.pool_reach()
     assert reach[:2] == pytest.approx((0.9, 0.81))
     assert reach[2:] == pytest.approx((0.729, 0.6561, 0.59049, 0.531441))
+
+
+def test_deep_positions_drafted_only_by_the_requests_that_draft_well_are_not_the_pools():
+    """Half the requests accept each draft with 0.85, half with 0.6; auto drafts 8 for the
+    first and 2 for the second. Positions 3-8 are measured on the good half alone (0.85^j):
+    taken as the pool's, a newcomer would start from them. They are extrapolated instead,
+    and come out at under half the good half's error from the pool's true reach (the
+    mixture). A request keeps its own record past what it drafted: the good ones' deep
+    positions stay above the pool's, the poor ones' below."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    rng = random.Random(0)
+    estimate = AcceptanceEstimate(k_max=8)
+    for request in range(200):
+        rate, k = (0.85, 8) if request % 2 else (0.6, 2)
+        stats = AcceptanceStats()
+        for _ in range(10):
+            accepted = next((j for j in range(k) if rng.random() >= rate), k)
+            estimate.record(stats, k, accepted)
+    truth = [0.5 * 0.85 ** j + 0.5 * 0.6 ** j for j in range(1, 9)]
+    good_half = [0.85 ** j for j in range(1, 9)]
+    reach = estimate.pool_reach()
+    assert reach[:2] == pytest.approx(truth[:2], abs=0.02)            # drafted by every step: measured
+    for j in range(2, 8):
+        assert abs(reach[j] - truth[j]) < 0.5 * (good_half[j] - truth[j])
+    short_and_good, short_and_poor = AcceptanceStats(), AcceptanceStats()
+    for _ in range(10):
+        short_and_good.record(2, 2)
+        short_and_poor.record(2, 0)
+    good, poor = estimate.reach(short_and_good), estimate.reach(short_and_poor)
+    assert all(g > r > p for g, r, p in zip(good[2:], reach[2:], poor[2:]))
+    assert list(good) == sorted(good, reverse=True)
 
 
 def _active(i: int, max_draft: int | None = None):
@@ -482,8 +516,9 @@ def test_the_workload_ratio_of_prompt_to_output_tokens():
 
 def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     """A model wrong about a layout auto never runs would never learn better: a layout
-    predicted at least half as fast as the best and not measured for RECHECK_AFTER_S gets a
-    trial, then twice as long later while it keeps losing; one predicted far below that does not."""
+    predicted at least half as fast as the best is first tried once requests have run
+    FIRST_LOOK_S, then RECHECK_AFTER_S after its measurement, then twice as long later while
+    it keeps losing; one predicted far below that never is."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
@@ -495,23 +530,59 @@ def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     rechecked = [layout for layout, ratio in ratios.items() if auto.RECHECK_WITHIN <= ratio < auto.EXPLORE_WITHIN]
     ignored = [layout for layout, ratio in ratios.items() if ratio < auto.RECHECK_WITHIN]
     assert rechecked, ratios                          # the hand case has one of each kind
-    # within RECHECK_AFTER_S of the start: the best only
-    assert set(_run_for(planner, clock, requests, 1.0, delivered=1.0, spells=3)) == {best.layout}
-    planner.idle()
-    clock[0] += auto.RECHECK_AFTER_S
-    tried = []
-    for _ in range(len(ratios) * 8):                  # each stale layout once, delivering as predicted
-        layout = _run_for(planner, clock, requests, 0.1, delivered=1.0)[0]
-        if layout == best.layout:
-            break
-        tried.append(layout)
-    assert set(tried) == set(rechecked) and not set(tried) & set(ignored)
+    # until requests have run FIRST_LOOK_S (the first plan after idling counts none): the best only
+    spells = math.ceil(auto.FIRST_LOOK_S / 0.5)
+    assert set(_run_for(planner, clock, requests, 0.5, delivered=1.0, spells=spells)) == {best.layout}
+
+    def trials() -> list[str]:
+        """The layouts tried from the next plan on (each stale one once, delivering as
+        predicted) until the best is back; a few tenths of a second of it first at most."""
+        tried = []
+        for _ in range(len(ratios) * 8):
+            layout = _run_for(planner, clock, requests, 0.1, delivered=1.0)[0]
+            if layout == best.layout and tried:
+                break
+            if layout != best.layout:
+                tried.append(layout)
+        return tried
+
+    first = trials()
+    assert set(first) == set(rechecked) and not set(first) & set(ignored)
     assert planner.replan(requests, K_MAX).layout == best.layout        # measured now: no trial again
-    # It lost again: the next re-check waits twice as long, and so on.
+    # It lost: re-checked RECHECK_AFTER_S later, then twice as long later, and so on.
+    ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(auto.RECHECK_AFTER_S) - 2)
+    assert set(ran) == {best.layout}
+    clock[0] += 2.0
+    assert set(trials()) == set(rechecked)
     ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(1.5 * auto.RECHECK_AFTER_S))
     assert set(ran) == {best.layout}
     ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(auto.RECHECK_AFTER_S))
     assert set(ran) & set(rechecked)
+
+
+def test_a_first_look_that_measured_nothing_waits_before_the_next(clock):
+    """A first trial whose steps never come back (nothing measured: the switch never settled)
+    ends after EXPLORE_MAX_S; the layout, still never measured, is not tried again at every
+    plan after it but RECHECK_AFTER_S later."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    best = planner.replan(requests, K_MAX).layout
+    tried_at: dict[str, list[float]] = {}
+    while clock[0] < 1000.0 + auto.FIRST_LOOK_S + 2 * auto.RECHECK_AFTER_S:
+        plan = planner.replan(requests, K_MAX)
+        if plan.layout == best:                 # the best delivers as predicted; a trial's steps never come back
+            for _ in range(4):
+                planner.observe_step(best, round(plan.tokens_per_s * planner.slowdown(best) * 0.1 / 4), 0)
+        elif not tried_at.get(plan.layout) or clock[0] - tried_at[plan.layout][-1] > auto.EXPLORE_MAX_S + 0.2:
+            tried_at.setdefault(plan.layout, []).append(clock[0])
+        clock[0] += 0.1
+    assert tried_at and all(not planner._measured[layout] for layout in tried_at)
+    for starts in tried_at.values():
+        assert len(starts) >= 2 and all(b - a > auto.RECHECK_AFTER_S for a, b in itertools.pairwise(starts))
 
 
 def test_a_burst_of_prompts_counts_at_its_own_rate():
@@ -550,6 +621,7 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)         # no trials of other layouts here
+    monkeypatch.setattr(auto, "RECHECK_WITHIN", 2.0)
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
@@ -596,10 +668,12 @@ def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
     assert planner._switch_s([fresh, behind, off]) == {}
 
 
-def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
+def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock, monkeypatch):
     """The drafter's catch-up makes the first steps after a switch slow; spells that begin
     before SETTLE_STEPS steps of the new layout came back are not counted, however long."""
     from gateway import auto
+
+    monkeypatch.setattr(auto, "FIRST_LOOK_S", 1e9)          # no first looks at other layouts here
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
@@ -650,6 +724,7 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "RECHECK_WITHIN", 2.0)
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
@@ -665,11 +740,13 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)
 
 
-def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock):
+def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock, monkeypatch):
     """A layout measured only briefly (say in the burst of a run's start) is re-checked after
     RECHECK_PER_MEASURED times as long as it ran, not RECHECK_AFTER_S; the re-check's own
     measurement then replaces the old one instead of being averaged with it."""
     from gateway import auto
+
+    monkeypatch.setattr(auto, "FIRST_LOOK_S", 1e9)          # sd measured by hand below, not by a first look
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
