@@ -51,9 +51,6 @@ SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster th
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
-FIRST_LOOK_S = 2.0          # a layout never measured but predicted at least RECHECK_WITHIN of the
-                            # best is first tried once requests have run this long (early: what
-                            # it tells is used longest; at 15 s it fell inside every bench run)
 RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
 RECHECK_WITHIN = 0.5        # for this long is tried again: its old measurement may no longer hold;
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
@@ -115,9 +112,9 @@ class AutoPlanner:
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried) ...
         self._settled_for = 0           # ... for this many requests
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
-        self._tried_at: dict[str, float] = {}           # per layout, when its latest trial began
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
+        self._started = time.monotonic()
         self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
         self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
         self._trial_length_s = MEASURED_ENOUGH_S    # how long the latest trial lasted, settling included
@@ -299,29 +296,15 @@ class AutoPlanner:
             if layout == best.layout or (self._measured[layout] and not self._may_explore()):
                 continue
             close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
-            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and self._recheck_due(layout, now)
+            wait = self._recheck_after.get(layout, self._recheck_wait(layout))
+            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > wait
             if close or stale:
-                if stale and self._measured[layout]:    # re-checked again and again only while it
-                    wait = self._recheck_after.get(layout, self._recheck_wait(layout))    # keeps losing:
-                    self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)            # ever rarer
-                elif stale:
-                    self._recheck_after[layout] = RECHECK_AFTER_S
+                if stale:           # re-checked again and again only while it keeps losing: ever rarer
+                    self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
                 self._exploring = (layout, now, not self._measured[layout])
-                self._tried_at[layout] = now
                 self.explorations += 1
                 return layout
         return None
-
-    def _recheck_due(self, layout: str, now: float) -> bool:
-        """Whether a layout not chosen is due a trial: one never measured once requests have
-        run FIRST_LOOK_S (and, if that trial measured nothing, RECHECK_AFTER_S after it), one
-        measured once its measurement is older than its wait."""
-        spells = self._measured[layout]
-        if not spells:
-            tried = self._tried_at.get(layout)
-            return (self._running_s >= FIRST_LOOK_S if tried is None
-                    else now - tried > self._recheck_after.get(layout, RECHECK_AFTER_S))
-        return now - spells[-1][0] > self._recheck_after.get(layout, self._recheck_wait(layout))
 
     def _may_explore(self) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
@@ -341,8 +324,14 @@ class AutoPlanner:
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was
         measured, the longer (a moment's measurement, say in the burst of a run's start,
-        is too little to rule a layout out for long)."""
+        is too little to rule a layout out for long). One never measured waits the longest."""
+        if not self._measured[layout]:
+            return RECHECK_AFTER_S
         return min(RECHECK_AFTER_S, max(RECHECK_MIN_S, RECHECK_PER_MEASURED * self._measured_s(layout)))
+
+    def _last_measured(self, layout: str) -> float:
+        spells = self._measured[layout]
+        return spells[-1][0] if spells else self._started
 
     def _layout_to_keep(self, best: Plan, running: int) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise) or the

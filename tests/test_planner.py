@@ -3,7 +3,6 @@ cases, and fits that recover the costs they were given."""
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 
@@ -516,9 +515,8 @@ def test_the_workload_ratio_of_prompt_to_output_tokens():
 
 def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     """A model wrong about a layout auto never runs would never learn better: a layout
-    predicted at least half as fast as the best is first tried once requests have run
-    FIRST_LOOK_S, then RECHECK_AFTER_S after its measurement, then twice as long later while
-    it keeps losing; one predicted far below that never is."""
+    predicted at least half as fast as the best and not measured for RECHECK_AFTER_S gets a
+    trial, then twice as long later while it keeps losing; one predicted far below that does not."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
@@ -530,59 +528,23 @@ def test_a_layout_predicted_far_worse_is_rechecked_now_and_then(clock):
     rechecked = [layout for layout, ratio in ratios.items() if auto.RECHECK_WITHIN <= ratio < auto.EXPLORE_WITHIN]
     ignored = [layout for layout, ratio in ratios.items() if ratio < auto.RECHECK_WITHIN]
     assert rechecked, ratios                          # the hand case has one of each kind
-    # until requests have run FIRST_LOOK_S (the first plan after idling counts none): the best only
-    spells = math.ceil(auto.FIRST_LOOK_S / 0.5)
-    assert set(_run_for(planner, clock, requests, 0.5, delivered=1.0, spells=spells)) == {best.layout}
-
-    def trials() -> list[str]:
-        """The layouts tried from the next plan on (each stale one once, delivering as
-        predicted) until the best is back; a few tenths of a second of it first at most."""
-        tried = []
-        for _ in range(len(ratios) * 8):
-            layout = _run_for(planner, clock, requests, 0.1, delivered=1.0)[0]
-            if layout == best.layout and tried:
-                break
-            if layout != best.layout:
-                tried.append(layout)
-        return tried
-
-    first = trials()
-    assert set(first) == set(rechecked) and not set(first) & set(ignored)
+    # within RECHECK_AFTER_S of the start: the best only
+    assert set(_run_for(planner, clock, requests, 1.0, delivered=1.0, spells=3)) == {best.layout}
+    planner.idle()
+    clock[0] += auto.RECHECK_AFTER_S
+    tried = []
+    for _ in range(len(ratios) * 8):                  # each stale layout once, delivering as predicted
+        layout = _run_for(planner, clock, requests, 0.1, delivered=1.0)[0]
+        if layout == best.layout:
+            break
+        tried.append(layout)
+    assert set(tried) == set(rechecked) and not set(tried) & set(ignored)
     assert planner.replan(requests, K_MAX).layout == best.layout        # measured now: no trial again
-    # It lost: re-checked RECHECK_AFTER_S later, then twice as long later, and so on.
-    ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(auto.RECHECK_AFTER_S) - 2)
-    assert set(ran) == {best.layout}
-    clock[0] += 2.0
-    assert set(trials()) == set(rechecked)
+    # It lost again: the next re-check waits twice as long, and so on.
     ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(1.5 * auto.RECHECK_AFTER_S))
     assert set(ran) == {best.layout}
     ran = _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(auto.RECHECK_AFTER_S))
     assert set(ran) & set(rechecked)
-
-
-def test_a_first_look_that_measured_nothing_waits_before_the_next(clock):
-    """A first trial whose steps never come back (nothing measured: the switch never settled)
-    ends after EXPLORE_MAX_S; the layout, still never measured, is not tried again at every
-    plan after it but RECHECK_AFTER_S later."""
-    from gateway import auto
-
-    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    best = planner.replan(requests, K_MAX).layout
-    tried_at: dict[str, list[float]] = {}
-    while clock[0] < 1000.0 + auto.FIRST_LOOK_S + 2 * auto.RECHECK_AFTER_S:
-        plan = planner.replan(requests, K_MAX)
-        if plan.layout == best:                 # the best delivers as predicted; a trial's steps never come back
-            for _ in range(4):
-                planner.observe_step(best, round(plan.tokens_per_s * planner.slowdown(best) * 0.1 / 4), 0)
-        elif not tried_at.get(plan.layout) or clock[0] - tried_at[plan.layout][-1] > auto.EXPLORE_MAX_S + 0.2:
-            tried_at.setdefault(plan.layout, []).append(clock[0])
-        clock[0] += 0.1
-    assert tried_at and all(not planner._measured[layout] for layout in tried_at)
-    for starts in tried_at.values():
-        assert len(starts) >= 2 and all(b - a > auto.RECHECK_AFTER_S for a, b in itertools.pairwise(starts))
 
 
 def test_a_burst_of_prompts_counts_at_its_own_rate():
@@ -621,7 +583,6 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)         # no trials of other layouts here
-    monkeypatch.setattr(auto, "RECHECK_WITHIN", 2.0)
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
@@ -668,12 +629,10 @@ def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
     assert planner._switch_s([fresh, behind, off]) == {}
 
 
-def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock, monkeypatch):
+def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
     """The drafter's catch-up makes the first steps after a switch slow; spells that begin
     before SETTLE_STEPS steps of the new layout came back are not counted, however long."""
     from gateway import auto
-
-    monkeypatch.setattr(auto, "FIRST_LOOK_S", 1e9)          # no first looks at other layouts here
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
@@ -724,7 +683,6 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
-    monkeypatch.setattr(auto, "RECHECK_WITHIN", 2.0)
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0, verify_fixed=1e-3,
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
@@ -740,13 +698,11 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)
 
 
-def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock, monkeypatch):
+def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock):
     """A layout measured only briefly (say in the burst of a run's start) is re-checked after
     RECHECK_PER_MEASURED times as long as it ran, not RECHECK_AFTER_S; the re-check's own
     measurement then replaces the old one instead of being averaged with it."""
     from gateway import auto
-
-    monkeypatch.setattr(auto, "FIRST_LOOK_S", 1e9)          # sd measured by hand below, not by a first look
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
