@@ -58,8 +58,9 @@ def transformers_generate(tokenizer, model, prompts: list[str], new_tokens: int,
 def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) -> list[dict]:
     """transformers in this process on all cores (--all-cpus' count of threads): batched generate
     at batch C on the run's prompts, and assisted generation (speculative, batch 1 only) on the
-    first MIN_PROMPTS of them (at batch 1 more prompts change nothing but the time: 256 of them
-    took over three minutes a round at C = 64), at the same output length."""
+    first MIN_PROMPTS of them (at batch 1 more prompts change nothing but the time: at its
+    60-80 tok/s here, 256 of them would take three to four and a half minutes a round at
+    C = 64), at the same output length."""
     import torch
 
     from minedraft.bench.runs import MIN_PROMPTS

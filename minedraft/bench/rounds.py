@@ -53,7 +53,7 @@ def fold_rows(rounds: list[list[dict]]) -> list[dict]:
     return [median_row([r for rows in rounds for r in rows if (r["mode"], r["k"]) == key]) for key in keys]
 
 
-def fold_runs(rounds: list[dict], listed: list[tuple[str, int]] = ()) -> dict:
+def fold_runs(rounds: list[dict], listed: tuple[tuple[str, int], ...] | list[tuple[str, int]] = ()) -> dict:
     """Measured runs of every round ((mode, k) -> {"row", "steps", "token_ids", "history"}) ->
     one per (mode, k): the median row, and round 1's step records, outputs and auto's
     decisions. Round 1's, not the rounds pooled: the timeline and auto's choices are drawn on

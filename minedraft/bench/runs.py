@@ -174,10 +174,11 @@ def spread_modes(specs: list[RunSpec]) -> list[RunSpec]:
     the machine's speed was for those minutes (a sweep's round 1 had sd at 44-67 tok/s and psd
     at 81-91 at C = 1, round 2 sd at 64-78 and psd at 65-76), and the best of a mode's
     settings stood for a fast spell, not the mode. A mode of one run lands mid-round."""
-    modes = list(dict.fromkeys(spec.mode for spec in specs))
-    by_mode = {mode: [spec for spec in specs if spec.mode == mode] for mode in modes}
-    placed = [((j + 0.5) / len(runs), modes.index(mode), spec)
-              for mode, runs in by_mode.items() for j, spec in enumerate(runs)]
+    by_mode: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        by_mode.setdefault(spec.mode, []).append(spec)
+    placed = [((j + 0.5) / len(runs), m, spec)
+              for m, runs in enumerate(by_mode.values()) for j, spec in enumerate(runs)]
     return [spec for *_, spec in sorted(placed, key=lambda p: p[:2])]
 
 
