@@ -15,9 +15,9 @@ the step arithmetic leaves out (contention, imperfect overlap, stalls, the gatew
 work, acceptance misjudged), and the planner divides the layout's predicted rate by it, so a
 layout that delivers less than its arithmetic says stops being chosen. Prompts are priced
 per layout so that a wave of prefills weighs on each layout at its own cost, whichever was
-in force when it came. A layout not measured lately whose predicted rate comes within
-EXPLORE_WITHIN of the best is tried for a while, so the choice rests on measurements of every
-contender rather than on the model alone.
+in force when it came. A layout not measured lately that would come within EXPLORE_WITHIN
+of the best if it ran as the model says is tried for a while, so the choice rests on
+measurements of every contender rather than on the model alone.
 """
 
 from __future__ import annotations
@@ -49,10 +49,11 @@ MATURE_CALLS = 8            # calls of a kind the cost model needs before its pr
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
+                            # (its measured slowdown, where above 1, set aside)
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
-RECHECK_AFTER_S = 15.0      # a layout predicted at least RECHECK_WITHIN of the best but not measured
-RECHECK_WITHIN = 0.5        # for this long is tried again: its old measurement may no longer hold;
+RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
+                            # again: its old measurement may no longer hold;
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
@@ -295,10 +296,17 @@ class AutoPlanner:
         for layout, rate in best.considered.items():
             if layout == best.layout or (self._measured[layout] and not self._may_explore()):
                 continue
-            close = rate >= EXPLORE_WITHIN * best.tokens_per_s and self._measured_s(layout) < MEASURED_ENOUGH_S
+            # A trial needs a chance of winning: the layout's rate were it to run as the cost
+            # model says (a measured slowdown above 1 set aside, as a re-check doubts it) must
+            # come within EXPLORE_WITHIN of the best. Waiting alone is no reason: trials of
+            # layouts that lost even at their prediction ran a fifth to a half slower than
+            # the plan for up to a second of every short run, and won nothing.
+            if rate * max(1.0, self.slowdown(layout)) < EXPLORE_WITHIN * best.tokens_per_s:
+                continue
+            unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
-            stale = rate >= RECHECK_WITHIN * best.tokens_per_s and now - self._last_measured(layout) > wait
-            if close or stale:
+            stale = now - self._last_measured(layout) > wait
+            if unmeasured or stale:
                 if stale:           # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
                 self._exploring = (layout, now, not self._measured[layout])
@@ -324,9 +332,7 @@ class AutoPlanner:
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was
         measured, the longer (a moment's measurement, say in the burst of a run's start,
-        is too little to rule a layout out for long). One never measured waits the longest."""
-        if not self._measured[layout]:
-            return RECHECK_AFTER_S
+        is too little to rule a layout out for long)."""
         return min(RECHECK_AFTER_S, max(RECHECK_MIN_S, RECHECK_PER_MEASURED * self._measured_s(layout)))
 
     def _last_measured(self, layout: str) -> float:
