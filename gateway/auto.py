@@ -16,8 +16,8 @@ work, acceptance misjudged), and the planner divides the layout's predicted rate
 layout that delivers less than its arithmetic says stops being chosen. Prompts are priced
 per layout so that a wave of prefills weighs on each layout at its own cost, whichever was
 in force when it came. A layout not measured lately that would come within EXPLORE_WITHIN
-of the best if it ran as the model says is tried for a while, so the choice rests on
-measurements of every contender rather than on the model alone.
+of the best if it ran no slower against the model than the best does is tried for a while,
+so the choice rests on measurements of every contender rather than on the model alone.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ MATURE_CALLS = 8            # calls of a kind the cost model needs before its pr
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
-                            # (its measured slowdown, where above 1, set aside)
+                            # (its measured slowdown, where worse than the best's, set aside)
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
@@ -293,15 +293,17 @@ class AutoPlanner:
                 spells = self._measured[layout]
                 while spells and spells[0][0] < since:
                     spells.popleft()
+        best_slowdown = self.slowdown(best.layout)
         for layout, rate in best.considered.items():
             if layout == best.layout or (self._measured[layout] and not self._may_explore()):
                 continue
-            # A trial needs a chance of winning: the layout's rate were it to run as the cost
-            # model says (a measured slowdown above 1 set aside, as a re-check doubts it) must
-            # come within EXPLORE_WITHIN of the best. Waiting alone is no reason: trials of
-            # layouts that lost even at their prediction ran a fifth to a half slower than
-            # the plan for up to a second of every short run, and won nothing.
-            if rate * max(1.0, self.slowdown(layout)) < EXPLORE_WITHIN * best.tokens_per_s:
+            # A trial needs a chance of winning: the layout's rate were it to run no slower
+            # against the cost model than the best does (its own measured slowdown, where
+            # worse, set aside: a re-check doubts it) must come within EXPLORE_WITHIN of the
+            # best. Waiting alone is no reason: trials of layouts that lost even so ran a fifth
+            # to a half slower than the plan for up to a second of every short run, and won
+            # nothing.
+            if rate * max(1.0, self.slowdown(layout) / best_slowdown) < EXPLORE_WITHIN * best.tokens_per_s:
                 continue
             unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))

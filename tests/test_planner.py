@@ -557,6 +557,24 @@ def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_pred
     assert planner.plan.layout == "sd"
 
 
+def test_a_layout_slowed_only_as_much_as_the_best_is_not_rechecked(clock):
+    """Every layout ran 1.3x slower than the cost model says (the machine's doing, not a
+    layout's): sd, predicted at three quarters of psd, is as far behind as its measurement
+    says and is not tried again, however long it goes unmeasured (its slowdown set aside
+    alone would flatter it against a best still slowed)."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    for _ in range(3):                                      # 1.2 s of sd, 1.3x slow
+        planner._measured["sd"].append((clock[0], 0.3, 0.0, 0.39))
+    ran = _run_for(planner, clock, requests, 0.5, delivered=1 / 1.3, spells=120)
+    assert set(ran) == {"psd"}
+    assert planner.slowdown("psd") == pytest.approx(1.3, rel=0.02)
+    assert planner.slowdown("sd") == pytest.approx(1.3, rel=0.01)
+    assert not any(d.trying for d in planner.history)
+
+
 def test_a_burst_of_prompts_counts_at_its_own_rate():
     """Prompts that arrive at once after a quiet spell weigh as a burst (their tokens over a
     second), not spread over the whole window; steady arrivals average over the window."""
