@@ -19,6 +19,7 @@ from minedraft.bench.main import add_parser, workload_for
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
+from minedraft.bench.pace import probe, relative_paces
 from minedraft.bench.rounds import fold_rows, fold_runs, median_row
 from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
                                   serve_config, spread_modes)
@@ -287,6 +288,29 @@ def test_rounds_fold_into_medians_and_spread():
     runs[0] = dict(reversed(runs[0].items()))                          # round 1 ran psd first ...
     assert list(fold_runs(runs)) == [("psd", 4), ("ar", 0)]
     assert list(fold_runs(runs, [("ar", 0), ("psd", 4)])) == [("ar", 0), ("psd", 4)]     # ... listed as given
+
+
+def test_each_run_shows_the_hosts_pace_against_the_others():
+    """A run's pace (its probes' mean) over the median of its concurrency's runs, in the tables
+    beside the throughput; rows without probes (older reports) have none, and rounds keep
+    each round's pace."""
+    rows = [_row("auto", 8, 100.0, pace=400.0), _row("psd", 4, 90.0, pace=500.0), _row("sd", 4, 80.0, pace=300.0),
+            _row("hf-generate", 0, 120.0, peer_batch=8)]
+    relative_paces(rows)
+    assert [row.get("relative_pace") for row in rows] == [1.0, 1.25, 0.75, None]
+    assert markdown_table(rows)[0].startswith("| mode | k | tok/s | pace |")
+    assert "| psd | 4 | 90.0 | 1.25 |" in "\n".join(markdown_table(rows))
+    assert "pace" not in markdown_table([_row("psd", 4, 90.0)])[0]
+    assert median_row([_row("psd", 4, 90.0, pace=p) for p in (500.0, 300.0)])["pace_rounds"] == [500.0, 300.0]
+    relative_paces([_row("psd", 4, 90.0)])                             # none probed: nothing to do
+
+
+def test_the_pace_probe_leaves_torchs_threads_as_it_found_them():
+    import torch
+
+    threads = torch.get_num_threads()
+    assert probe(0.02) > 0
+    assert torch.get_num_threads() == threads
 
 
 def _rounds_rows() -> list[dict]:

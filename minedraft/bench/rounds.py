@@ -44,6 +44,8 @@ def median_row(rows: list[dict]) -> dict:
         throughputs = [r[TOKENS_PER_S] for r in rows]
         row.update(rounds=len(rows), tokens_per_s_rounds=throughputs,
                    tokens_per_s_spread=(max(throughputs) - min(throughputs)) / row[TOKENS_PER_S])
+        if all("pace" in r for r in rows):              # the host's pace around each round's run
+            row["pace_rounds"] = [r["pace"] for r in rows]
     return row
 
 

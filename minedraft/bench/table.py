@@ -56,9 +56,12 @@ K = Column("k", 3, lambda row: "" if row["mode"].startswith("hf-") else str(row[
 THROUGHPUT = Column("tok/s", 8, _figure(TOKENS_PER_S, ".1f"))
 # Over --rounds: tok/s is the median of the rounds, spread % its (max - min) / median.
 SPREAD = Column("spread %", 9, _figure("tokens_per_s_spread", ".1f", 100))
+# The host's pace around the run against the other runs' at its concurrency (bench/pace.py):
+# 0.80, the run was made while the machine ran 20% slow.
+PACE = Column("pace", 6, _figure("relative_pace", ".2f"))
 REQUESTS = Column("req/s", 7, _figure("requests_per_s", ".2f"))
 SAME_AS_AR = Column("==ar", 6, _same_as_ar)
-COLUMNS = (MODE, K, THROUGHPUT, SPREAD, REQUESTS,
+COLUMNS = (MODE, K, THROUGHPUT, SPREAD, PACE, REQUESTS,
            Column("p50 s", 7, _figure("latency_p50_s", ".2f")),
            Column("p99 s", 7, _figure("latency_p99_s", ".2f")),
            Column("TTFT s", 7, _figure("ttft_p50_s", ".2f")),
