@@ -35,16 +35,24 @@ class AcceptanceEstimate:
         self.prior_strength = prior_strength
         self.initial_rate = initial_rate      # before anything was drafted anywhere
         self.pool = AcceptanceStats()
+        self._pool_reach: tuple[float, ...] | None = None   # until the pool's next step
 
     def record(self, stats: AcceptanceStats, num_drafted: int, num_accepted: int) -> None:
         """One verified step of a request: counted in its own stats and in the pool's."""
         stats.record(num_drafted, num_accepted)
         self.pool.record(num_drafted, num_accepted)
+        self._pool_reach = None
 
     def pool_reach(self) -> tuple[float, ...]:
         """[j]: the pool's P(drafts 1..j+1 all accepted): measured where drafted often enough
         and by most of the pool's drafting steps, else the previous position's times the last
-        measured conditional acceptance."""
+        measured conditional acceptance. Worked out once per step of the pool, not once per
+        request at every replan and draft-length call."""
+        if self._pool_reach is None:
+            self._pool_reach = self._measure_pool_reach()
+        return self._pool_reach
+
+    def _measure_pool_reach(self) -> tuple[float, ...]:
         drafted, accepted = self.pool.drafted_at, self.pool.accepted_at
         out: list[float] = []
         conditional = self.initial_rate

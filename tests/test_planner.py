@@ -224,6 +224,22 @@ def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
     assert reach[2:] == pytest.approx((0.729, 0.6561, 0.59049, 0.531441))
 
 
+def test_the_pools_reach_follows_every_step():
+    """Worked out once per step of the pool (not per request and call), and anew after each."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    estimate, stats = AcceptanceEstimate(k_max=4), AcceptanceStats()
+    for _ in range(10):
+        estimate.record(stats, 4, 4)
+    first = estimate.pool_reach()
+    assert first == estimate.pool_reach() == (1.0, 1.0, 1.0, 1.0)
+    for _ in range(10):
+        estimate.record(stats, 4, 0)
+    assert estimate.pool_reach() == pytest.approx((0.5, 0.5, 0.5, 0.5))
+    assert estimate.reach(AcceptanceStats())[0] == pytest.approx(0.5)
+
+
 def test_deep_positions_drafted_only_by_the_requests_that_draft_well_are_not_the_pools():
     """Half the requests accept each draft with 0.85, half with 0.6; auto drafts 8 for the
     first and 2 for the second. Positions 3-8 are measured on the good half alone (0.85^j):
