@@ -2,8 +2,9 @@
 
 These hosts are shared. A loop of fixed matrix products on an otherwise idle machine ran at
 330 to 570 iterations a second over 40 seconds, in spells of several seconds, with no steal
-time recorded, and the median verify call of psd at C = 8 took 20 ms in one run and 49 ms in a run
-of the same setting minutes later. A run made in a slow spell then reads as a slow setting.
+time recorded, and the median verify call of psd at C = 8 took 20 ms in one run and 49 ms
+in a run of the same setting minutes later. A run made in a slow spell then reads as a slow
+setting.
 The bench probes the pace just before and just after each measured run, while the services
 are idle (and around transformers' own runs), and the tables show each run's pace against
 the other runs' at its concurrency, so that such a run can be told apart from a slow
