@@ -16,10 +16,10 @@ from minedraft.bench.doc_regions import readme_summary, reproduce_command
 from minedraft.bench.driver import RequestTiming
 from minedraft.bench.headline import headline, runs_of
 from minedraft.bench.main import add_parser, workload_for
+from minedraft.bench.pace import probe, relative_paces
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
-from minedraft.bench.pace import probe, relative_paces
 from minedraft.bench.rounds import fold_rows, fold_runs, median_row
 from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
                                   serve_config, spread_modes)

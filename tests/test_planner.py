@@ -748,7 +748,6 @@ def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(cloc
     measurement then replaces the old one instead of being averaged with it."""
     from gateway import auto
 
-
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
                       verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
     planner = _planner_with(costs)

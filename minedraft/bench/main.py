@@ -38,8 +38,8 @@ from pathlib import Path
 from minedraft.bench.driver import poisson_times, run_workload, warm_up
 from minedraft.bench.environment import environment
 from minedraft.bench.headline import ONE_CORE_AR, headline
-from minedraft.bench.peers import peer_rows
 from minedraft.bench.pace import probe, relative_paces
+from minedraft.bench.peers import peer_rows
 from minedraft.bench.phases import (format_rate_steps, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.plots import plot_auto, plot_rate_steps, plot_timeline, plot_vs_concurrency, plot_vs_k
