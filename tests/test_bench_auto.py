@@ -16,7 +16,7 @@ from minedraft.bench.doc_regions import readme_summary, reproduce_command
 from minedraft.bench.driver import RequestTiming
 from minedraft.bench.headline import headline, runs_of
 from minedraft.bench.main import add_parser, workload_for
-from minedraft.bench.pace import probe, relative_paces
+from minedraft.bench.pace import probe, probed, relative_paces
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
@@ -311,6 +311,8 @@ def test_the_pace_probe_leaves_torchs_threads_as_it_found_them():
     threads = torch.get_num_threads()
     assert probe(0.02) > 0
     assert torch.get_num_threads() == threads
+    result, pace = probed(lambda: "measured", seconds=0.02)         # a run between two probes
+    assert result == "measured" and pace["pace"] == (pace["pace_before"] + pace["pace_after"]) / 2 > 0
 
 
 def _rounds_rows() -> list[dict]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from minedraft.bench.driver import poisson_times, run_workload, warm_up
 from minedraft.bench.environment import environment
 from minedraft.bench.headline import ONE_CORE_AR, headline
-from minedraft.bench.pace import probe, relative_paces
+from minedraft.bench.pace import probed, relative_paces
 from minedraft.bench.peers import peer_rows
 from minedraft.bench.phases import (format_rate_steps, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
@@ -102,10 +102,10 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
         workload = workload.head(len(arrivals))
-    pace_before = probe()               # the services idle: the host's pace, not theirs
-    timings, wall = asyncio.run(run_workload(address, workload.prompts, args.max_tokens, args.ignore_eos,
-                                             concurrency, arrivals, label, sampling=workload.sampling))
-    pace_after = probe()
+    # Probed while the services idle: the host's pace, not theirs.
+    (timings, wall), pace = probed(lambda: asyncio.run(run_workload(
+        address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency, arrivals, label,
+        sampling=workload.sampling)))
     with Client(address, timeout=600) as client:
         steps = plain(client.step_stats())[skip:]
         info = plain(client.server_info())
@@ -113,7 +113,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
            # Whose cores: None where a running gateway's placement is unknown (--server).
            "verifier_cpus": config and config.target_cpus, "verifier_threads": config and config.target_threads,
            "drafter_cpus": config and (config.draft_cpus if config.mode != "ar" else ""),
-           "pace": (pace_before + pace_after) / 2, "pace_before": pace_before, "pace_after": pace_after,
+           **pace,
            **request_metrics(timings, wall), **step_metrics(steps), **model_error(steps), **auto_metrics(steps)}
     by_kind = acceptance_by_kind(timings, workload.kinds)
     if by_kind:

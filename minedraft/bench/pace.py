@@ -20,6 +20,10 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PROBE_S = 0.25          # each probe's length: a few hundred products
 SIZE = 384              # the products' side (float32), on every core as the services use them
@@ -44,6 +48,15 @@ def probe(seconds: float = PROBE_S) -> float:
         return done / elapsed
     finally:
         torch.set_num_threads(threads)
+
+
+def probed(measure: Callable[[], T], seconds: float = PROBE_S) -> tuple[T, dict]:
+    """`measure()` between two probes -> its result and the row's pace figures: the probes'
+    mean, and each."""
+    before = probe(seconds)
+    result = measure()
+    after = probe(seconds)
+    return result, {"pace": (before + after) / 2, "pace_before": before, "pace_after": after}
 
 
 def relative_paces(rows: list[dict]) -> None:

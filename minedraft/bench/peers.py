@@ -63,7 +63,7 @@ def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) ->
     C = 64), at the same output length."""
     import torch
 
-    from minedraft.bench.pace import probe
+    from minedraft.bench.pace import probed
     from minedraft.bench.runs import MIN_PROMPTS
     from minedraft.service.placement import parse_cpus
 
@@ -74,10 +74,7 @@ def peer_rows(args: argparse.Namespace, prompts: list[str], concurrency: int) ->
                                           ("hf-assisted", 1, assistant, prompts[:MIN_PROMPTS])]:
         # Warm-up, as our services get one: a first call's one-off costs are no part of the rate.
         transformers_generate(tokenizer, model, prompts[:batch], 4, batch, helper)
-        pace_before = probe()
-        tps = transformers_generate(tokenizer, model, measured, args.max_tokens, batch, helper)
-        pace_after = probe()
+        tps, pace = probed(lambda: transformers_generate(tokenizer, model, measured, args.max_tokens, batch, helper))
         rows.append({"mode": mode, "k": 0, "concurrency": concurrency if helper is None else 1,
-                     "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True,
-                     "pace": (pace_before + pace_after) / 2, "pace_before": pace_before, "pace_after": pace_after})
+                     "output_tokens_per_s": tps, "peer_batch": batch, "same_as_ar": True, **pace})
     return rows
