@@ -22,7 +22,7 @@ from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host
 from minedraft.service.placement import place_process, resolve_device
-from minedraft.service.runtime import add_log_format_arg, run
+from minedraft.service.runtime import add_log_format_arg, end_with_launcher, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
                                         add_server_args)
 from minedraft.service.server import MESSAGE_SIZE_OPTIONS, start_server, wait_healthy
@@ -140,6 +140,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    end_with_launcher()
     args = parse_args(argv)
     resolve_model(args, "drafter_svc")
     run(lambda: serve(args), args.log_level, args.log_format)

@@ -25,7 +25,7 @@ from gateway.tokenizer import TextTokenizer
 from minedraft.constants import ADMIN_PORT, DEFAULT_VERIFIER, GATEWAY_PORT, MAX_REQUEST_BYTES, MODES
 from minedraft.help_format import ArgumentParser
 from minedraft.model.hub import resolve_tokenizer
-from minedraft.service.runtime import add_log_format_arg, run
+from minedraft.service.runtime import add_log_format_arg, end_with_launcher, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args, add_server_args,
                                         check_bind)
 from minedraft.service.server import start_server, wait_healthy
@@ -176,6 +176,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    end_with_launcher()
     args = parse_args(argv)
     run(lambda: serve(args), args.log_level, args.log_format)
 

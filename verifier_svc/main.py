@@ -25,7 +25,7 @@ from minedraft.constants import DATA_PLANES, VERIFIER_PORT
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import parse_cpus, place_process
-from minedraft.service.runtime import add_log_format_arg, configure_logging, run
+from minedraft.service.runtime import add_log_format_arg, configure_logging, end_with_launcher, run
 from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
 from minedraft.service.server import start_server
 
@@ -202,6 +202,7 @@ def follow(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    end_with_launcher()
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     resolve_model(args, "verifier_svc")

@@ -5,7 +5,6 @@ cores, and stopped front to back. Tests drive it too (kill one service, add a dr
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ from pathlib import Path
 from minedraft.launcher.config import ServeConfig
 from minedraft.service.backoff import Backoff
 from minedraft.service.network import free_port
+from minedraft.service.runtime import LAUNCHER_PID_ENV
 from minedraft.service.security import INTERNAL_TOKEN_ENV, DialSecurity, read_token
 from minedraft.service.server import wait_healthy
 
@@ -189,8 +189,9 @@ class Cluster:
         port_file.unlink(missing_ok=True)           # a restarted service writes it anew
         self._killed.discard(name)
         argv = [sys.executable, "-m", *argv, "--port-file", str(port_file)]
+        # No preexec_fn: the child ties its end to ours itself (runtime.end_with_launcher).
         self.procs[name] = subprocess.Popen(argv, start_new_session=True,
-                                            preexec_fn=_ends_with(os.getpid()) if sys.platform == "linux" else None)
+                                            env={**os.environ, LAUNCHER_PID_ENV: str(os.getpid())})
 
     async def _wait_ready(self, address: str) -> None:
         waiter = asyncio.ensure_future(wait_healthy(address, self.config.startup_timeout_s))
@@ -230,24 +231,6 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _ends_with(launcher_pid: int) -> Callable[[], None]:
-    """For the child, before it runs the service: SIGTERM it (a graceful leave) when the
-    launcher dies, however it dies (a SIGKILLed `minedraft bench` left its services running,
-    each in its own session). Linux only; the signal comes when the thread that started the
-    child ends, so clusters are started from the thread that outlives them."""
-    prctl = ctypes.CDLL(None, use_errno=True).prctl       # looked up here: the child only calls it
-
-    def in_child() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != launcher_pid:                   # the launcher died before that took hold
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return in_child
 
 
 def _revision(revision: str) -> list[str]:

@@ -1,13 +1,17 @@
 """How every service process runs: one log format (text for people, or JSON lines for
-machines with --log-format json), uvloop, stop on SIGINT/SIGTERM."""
+machines with --log-format json), uvloop, stop on SIGINT/SIGTERM, and, when a launcher
+started it, an end with that launcher."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import json
 import logging
+import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
@@ -17,6 +21,27 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 LOG_FORMATS = ("text", "json")
 # A LogRecord's own attributes; any other was passed with `extra=` and goes into the JSON.
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+# Set by a launcher (minedraft.launcher.Cluster) to its pid in the environment of each service it starts.
+LAUNCHER_PID_ENV = "MINEDRAFT_LAUNCHER_PID"
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_launcher() -> None:
+    """When a launcher started this process: have the kernel SIGTERM it (a graceful leave)
+    when the launcher dies, however it dies (a SIGKILLed `minedraft bench` left its services
+    running, each in its own session). Linux only; the signal comes when the launcher's
+    thread that started this process ends, so clusters are started from a thread that
+    outlives them. Called first thing in a service's main, once per process: the variable is
+    taken out of the environment, so what this process starts in turn is not tied to the
+    launcher. The launcher cannot set it between fork and exec: Python code run there, in a
+    process with gRPC's threads, runs gRPC's fork handlers, which broke the launcher's own
+    connections (HTTP/2 parse errors) and aborted children before they ran the service."""
+    launcher = os.environ.pop(LAUNCHER_PID_ENV, None)
+    if launcher is None or sys.platform != "linux":
+        return
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(launcher):               # the launcher died before that took hold
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class JsonFormatter(logging.Formatter):
