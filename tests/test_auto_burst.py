@@ -121,15 +121,14 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         def recording(layout, tokens, prompt_tokens):
             observed.append(layout)
             observe(layout, tokens, prompt_tokens)
+            if observed.count("ar") == 6:                   # six tokens each, the drafter unaware
+                plan["layout"] = "sd"                       # (switched here: a step takes no time)
 
         manager.planner.observe_step = recording
         runner = asyncio.ensure_future(manager.run())
         requests = [active_request("a", 40), active_request("b", 40)]
         for req in requests:
             manager.submit(req)
-        while observed.count("ar") < 6:                     # six tokens each, the drafter unaware
-            await asyncio.sleep(0.005)
-        plan["layout"] = "sd"
         try:
             for req in requests:
                 assert await streamed_tokens(req) == [TOKEN] * 40
