@@ -67,7 +67,9 @@ def reproduce_command(config: dict, modes: list[str] | None = None) -> str:
 def _machine(report: dict) -> str:
     device = report["config"]["target_device"]
     cores = f"{report['environment']['cpus']}-core"
-    return f"a {cores} CPU machine" if device == "cpu" else f"a {cores} machine with {device}"
+    model = report["environment"].get("processor")          # absent in runs recorded before it was
+    machine = f"a {cores} CPU machine" if device == "cpu" else f"a {cores} machine with {device}"
+    return f"{machine} ({model})" if model else machine
 
 
 def _series(parts: list[str], last: str = " and ") -> str:

@@ -26,10 +26,22 @@ def _version(distribution: str) -> str | None:
         return None
 
 
+def processor() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux; else what the platform says): machines of
+    one size differ by model, and runs on two models are not to be compared."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def environment() -> dict:
     import grpc
     import torch
 
     return {"commit": git_commit(), "python": platform.python_version(), "torch": torch.__version__,
             "transformers": _version("transformers"), "grpc": grpc.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count()}
+            "machine": platform.machine(), "processor": processor(), "cpus": os.cpu_count()}
