@@ -33,9 +33,11 @@ def end_with_launcher() -> None:
     thread that started this process ends, so clusters are started from a thread that
     outlives them. Called first thing in a service's main, once per process: the variable is
     taken out of the environment, so what this process starts in turn is not tied to the
-    launcher. The launcher cannot set it between fork and exec: Python code run there, in a
-    process with gRPC's threads, runs gRPC's fork handlers, which broke the launcher's own
-    connections (HTTP/2 parse errors) and aborted children before they ran the service."""
+    launcher (a TP verifier's followers would take the verifier's pid for a dead launcher's).
+    The launcher cannot set it between fork and exec: a preexec_fn makes subprocess fork()
+    rather than vfork(), and fork() in a process with gRPC's threads runs gRPC's fork
+    handlers, which broke the launcher's own connections (HTTP/2 parse errors) and aborted
+    children (gRPC check failures) before they ran the service."""
     launcher = os.environ.pop(LAUNCHER_PID_ENV, None)
     if launcher is None or sys.platform != "linux":
         return
