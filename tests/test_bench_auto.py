@@ -15,7 +15,7 @@ import pytest
 from minedraft.bench.doc_regions import readme_summary, reproduce_command
 from minedraft.bench.driver import RequestTiming
 from minedraft.bench.headline import headline, runs_of
-from minedraft.bench.main import add_parser, workload_for
+from minedraft.bench.main import add_parser, compare, workload_for
 from minedraft.bench.pace import probe, probed, relative_paces
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
@@ -489,3 +489,20 @@ def test_auto_may_draft_as_far_as_any_fixed_setting_it_is_compared_with():
     assert mode_ks("psd", args) == [2, 4, 6, 8] and mode_ks("sd", args) == [2, 4, 6]
     assert mode_ks("auto", argparse.Namespace(k=[2, 4], psd_k=None, auto_k=None)) == [4]
     assert mode_ks("auto", argparse.Namespace(k=[2, 4], psd_k=[8], auto_k=3)) == [3]
+
+
+def test_an_output_other_than_ars_is_located_for_a_near_tie_check_in_every_round():
+    ar = [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+    runs = {("ar", 0): {"row": {}, "token_ids": ar},
+            ("psd", 4): {"row": {}, "token_ids": [list(t) for t in ar]},
+            ("auto", 8): {"row": {}, "token_ids": [[1, 2, 3, 4], [5, 6, 70, 80], [9]]}}
+    compare(runs, 1, argparse.Namespace(synthetic_acceptance=None))
+    assert runs[("psd", 4)]["row"]["same_as_ar"] is True and "differences" not in runs[("psd", 4)]["row"]
+    auto = runs[("auto", 8)]["row"]
+    assert auto["same_as_ar"] is False
+    assert auto["differences"] == [{"prompt": 1, "token": 2, "ar": [7, 8], "got": [70, 80]},
+                                   {"prompt": 2, "token": 1, "ar": [10], "got": []}]     # stopped early
+    # Folded over rounds: the one round that differed is kept, with its number.
+    folded = median_row([_row("auto", 8, 100.0, same_as_ar=True), _row("auto", 8, 90.0, **auto)])
+    assert folded["same_as_ar"] is False
+    assert [(d["round"], d["prompt"]) for d in folded["differences"]] == [(2, 1), (2, 2)]

@@ -156,6 +156,19 @@ def run_server(concurrency: int, workload: Workload, args: argparse.Namespace) -
     return (info["mode"], info["k"]), measure(args.server, info["mode"], info["k"], concurrency, workload, args)
 
 
+def differences(reference: list[list[int]], outputs: list[list[int]], shown: int = 3) -> list[dict]:
+    """Where each output leaves ar's: the prompt's index, the first differing position and a
+    few tokens of each from there, so a near-tie (the target's top two logits all but equal,
+    tests/reference.py) can be told from a fault after the run."""
+    found = []
+    for index, (expected, got) in enumerate(zip(reference, outputs)):
+        if got != expected:
+            first = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+            found.append({"prompt": index, "token": first, "ar": expected[first:first + shown],
+                          "got": got[first:first + shown]})
+    return found
+
+
 def compare(runs: dict, concurrency: int, args: argparse.Namespace) -> None:
     """Fill in what each row says against the others: same output as ar, psd against sd at
     the same k (the overlap's own figures)."""
@@ -165,6 +178,8 @@ def compare(runs: dict, concurrency: int, args: argparse.Namespace) -> None:
         # Synthetic acceptance changes outputs by design: there is nothing to compare.
         row["same_as_ar"] = (None if args.synthetic_acceptance is not None or mode == UNEQUAL
                              else reference is None or result["token_ids"] == reference)
+        if row["same_as_ar"] is False:
+            row["differences"] = differences(reference, result["token_ids"])
         if mode == "psd" and ("sd", k) in runs:
             sd = runs[("sd", k)]
             row.update(psd_against_sd(row, result["steps"], sd["row"], sd["steps"], concurrency))

@@ -40,6 +40,9 @@ def median_row(rows: list[dict]) -> dict:
     if "same_as_ar" in row:
         same = [r.get("same_as_ar") for r in rows]
         row["same_as_ar"] = False if False in same else None if None in same else True
+    found = [{"round": i + 1, **d} for i, r in enumerate(rows) for d in r.get("differences", ())]
+    if found:                                           # every round's, not round 1's alone
+        row["differences"] = found
     if len(rows) > 1:
         throughputs = [r[TOKENS_PER_S] for r in rows]
         row.update(rounds=len(rows), tokens_per_s_rounds=throughputs,
