@@ -21,7 +21,7 @@ from minedraft import bundled
 from minedraft.constants import DEFAULT_VERIFIER, DRAFTER_PORT
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host
-from minedraft.service.placement import place_process, resolve_device
+from minedraft.service.placement import compute_thread, place_process, resolve_device
 from minedraft.service.runtime import add_log_format_arg, end_with_launcher, run
 from minedraft.service.security import (DialSecurity, SecurityError, ServerSecurity, add_dial_args,
                                         add_server_args)
@@ -99,14 +99,15 @@ async def serve(args: argparse.Namespace) -> None:
     device, gpu_lock = resolve_device(args.device, args.gpu_lock_dir)
     config = runner_config(args, device=device)
     loop = asyncio.get_running_loop()
-    drafter = await loop.run_in_executor(None, lambda: Drafter(ModelRunner(config)))
+    compute = compute_thread("draft")          # the model loads where its steps will run
+    drafter = await loop.run_in_executor(compute, lambda: Drafter(ModelRunner(config)))
     drafter_id = uuid.uuid4().hex
     await wait_healthy(args.verifier, args.connect_timeout, args.dial)
     verifier_channel = args.dial.aio_channel(args.verifier)
     pairing = Pairing(engine_pb2_grpc.VerifierStub(verifier_channel), drafter_id,
                       _sender_factory(args.verifier, drafter_id, device, args.dial))
     sender = await pairing.connect()
-    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, drafter_id)
+    servicer = DrafterServicer(drafter, sender, pairing.data_plane, args.model, drafter_id, compute)
     served = await start_server(lambda s: engine_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                 args.host, args.port, ["minedraft.v1.Drafter"], args.port_file,
                                 credentials=args.serving.credentials(), interceptors=args.serving.interceptors())

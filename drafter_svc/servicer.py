@@ -21,6 +21,7 @@ from minedraft.drafter import Drafter
 from minedraft.engine_requests import StepCheck, UnknownRequest
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import engine_info, params_from_proto
+from minedraft.service.placement import compute_thread
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 
 logger = logging.getLogger("minedraft.drafter")
@@ -28,7 +29,9 @@ logger = logging.getLogger("minedraft.drafter")
 
 class DrafterServicer(engine_pb2_grpc.DrafterServicer):
     def __init__(self, drafter: Drafter, sender: DraftSender, data_plane: str, model_name: str,
-                 drafter_id: str) -> None:
+                 drafter_id: str, compute: ThreadPoolExecutor | None = None) -> None:
+        """compute: the thread the drafter's model was loaded on (`compute_thread`); a new
+        one if None."""
         self.drafter = drafter
         self.drafter_id = drafter_id
         self.instance_id = uuid.uuid4().hex
@@ -37,7 +40,7 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         self.dismissed = False          # deregistered from the pool: do not rejoin by itself
         self.data_plane = data_plane
         self.model_name = model_name
-        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft")
+        self.compute = compute or compute_thread("draft")
         self.sending = ThreadPoolExecutor(max_workers=1, thread_name_prefix="send")
 
     async def Step(self, request: engine_pb2.DraftStepRequest, context) -> engine_pb2.DraftStepResponse:

@@ -24,7 +24,7 @@ from minedraft import bundled
 from minedraft.constants import DATA_PLANES, VERIFIER_PORT
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host, free_port
-from minedraft.service.placement import parse_cpus, place_process
+from minedraft.service.placement import compute_thread, parse_cpus, place_process
 from minedraft.service.runtime import add_log_format_arg, configure_logging, end_with_launcher, run
 from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
 from minedraft.service.server import start_server
@@ -174,13 +174,14 @@ async def serve(args: argparse.Namespace) -> None:
     from minedraft.v1 import engine_pb2_grpc
     from verifier_svc.servicer import VerifierServicer
 
-    executor = await asyncio.get_running_loop().run_in_executor(None, _build, args, 0)
+    compute = compute_thread("verify")         # the model loads where its steps will run
+    executor = await asyncio.get_running_loop().run_in_executor(compute, _build, args, 0)
     if args.synthetic_acceptance is not None:
         logger.warning("BENCHMARK MODE: drafts are accepted with probability %.2f whatever the "
                        "models say; outputs are not the target model's", args.synthetic_acceptance)
     pairings = DraftPairings(args.data_plane, args.host, advertised_host(args.host, args.advertise_host),
                              device=executor.device)
-    servicer = VerifierServicer(executor, pairings, args.model)
+    servicer = VerifierServicer(executor, pairings, args.model, compute)
     served = await start_server(lambda s: engine_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
                                 args.host, args.port, ["minedraft.v1.Verifier"], args.port_file,
                                 credentials=args.serving.credentials(), interceptors=args.serving.interceptors())

@@ -21,6 +21,7 @@ from minedraft.data_plane import DraftPairings, decode_payload
 from minedraft.engine_requests import UnknownRequest
 from minedraft.kv_cache import OutOfBlocks
 from minedraft.protocol import engine_info
+from minedraft.service.placement import compute_thread
 from minedraft.v1 import engine_pb2, engine_pb2_grpc
 from verifier_svc.steps import StepExecutor
 
@@ -29,11 +30,14 @@ PREDECESSOR_WAIT_S = 60.0   # a step naming a predecessor that never comes is re
 
 
 class VerifierServicer(engine_pb2_grpc.VerifierServicer):
-    def __init__(self, executor: StepExecutor, pairings: DraftPairings, model_name: str) -> None:
+    def __init__(self, executor: StepExecutor, pairings: DraftPairings, model_name: str,
+                 compute: ThreadPoolExecutor | None = None) -> None:
+        """compute: the thread the executor's model was loaded on (`compute_thread`); a new
+        one if None."""
         self.executor = executor
         self.pairings = pairings
         self.model_name = model_name
-        self.compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+        self.compute = compute or compute_thread("verify")
         self.instance_id = uuid.uuid4().hex
         self._steps_queued: dict[int, asyncio.Event] = {}
 
