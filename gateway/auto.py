@@ -137,9 +137,11 @@ class AutoPlanner:
             self._spell.prompt_tokens += prompt_tokens
 
     def idle(self) -> None:
-        """Nothing is running: the spell in force ends unmeasured (idle time is no layout's),
-        and so does the first one after it (the pipeline refills)."""
-        self._spell = None
+        """Nothing is running: the spell in force ends now, measured up to its last step
+        (the idle time that follows is no layout's), and the first one after it is not
+        counted (the pipeline refills). Ended unmeasured, a layout serving one request after
+        another was never measured: each spell it was counted in ended idle."""
+        self._end_spell(time.monotonic())
         self._steady = False
 
     def _end_spell(self, now: float) -> None:

@@ -36,6 +36,9 @@ PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over le
 WORKLOAD_WINDOW = 64        # requests the prompt-per-output ratio is taken over
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
+LENT_JUDGED = 8             # lent-core decode calls it takes to judge lending slower than the own
+                            # cores; until then a ratio above 1 is taken as 1 (the start-up profile
+                            # measures two or three, each just after a switch, when threads wake)
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
@@ -132,8 +135,9 @@ class StepCosts:
 
     @property
     def lending_pays(self) -> bool:
-        """Whether plain decoding should borrow the drafter's cores: unless measured slower."""
-        return self.lent_ratio is None or self.lent_ratio < 1.0
+        """Whether plain decoding should borrow the drafter's cores: unless measured slower
+        (a ratio from fewer than LENT_JUDGED calls is at most 1: not judged yet)."""
+        return self.lent_ratio is None or self.lent_ratio <= 1.0
 
     def plain_verify(self, ks: list[int], new_tokens: int = 0) -> float:
         """A plain-decoding step where it runs: on the lent cores if they pay, else the own."""
@@ -305,6 +309,8 @@ class CostModel:
         if not decode:
             return None
         decode_ratio = sorted(decode)[len(decode) // 2]
+        if len(decode) < LENT_JUDGED:
+            decode_ratio = min(1.0, decode_ratio)
         prefill_s, own_prefill_s = 0.0, 0.0
         for features, busy in self._lent_prefills:
             own = self._verify.predict(features)

@@ -342,7 +342,7 @@ def test_a_layout_that_delivers_less_than_predicted_stops_being_chosen(clock):
 
 
 def test_idle_time_is_no_layouts(clock):
-    """A spell that ends in idleness is not measured, nor is the first after it."""
+    """The idle time after a spell is not measured, nor is the first spell after it."""
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
@@ -352,6 +352,23 @@ def test_idle_time_is_no_layouts(clock):
     clock[0] += 60.0                                         # nothing delivered meanwhile
     _run_for(planner, clock, requests, 0.3, delivered=1.0, spells=2)
     assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.01)
+
+
+def test_a_spell_that_ends_in_idleness_is_measured_up_to_its_last_step(clock):
+    """Requests served one after another: every counted spell ends when the last request
+    finishes. It is measured up to then (dropped, a layout run for a whole run at C = 1 stayed
+    unmeasured, and its rivals' measured slowdowns priced them below it)."""
+    costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    ran = []
+    for _ in range(3):                                  # each: a first spell, a counted one, idle
+        ran += _run_for(planner, clock, requests, 0.1, delivered=0.5, spells=2)
+        planner.idle()
+        clock[0] += 1.0
+    assert len(set(ran)) == 1
+    assert planner.slowdown(ran[0]) == pytest.approx(2.0, rel=0.05)
+    assert planner.replan(requests, K_MAX).layout != ran[0]
 
 
 def test_requests_get_their_own_draft_lengths_within_their_caps():
@@ -447,7 +464,7 @@ def _lent_model(ratio: float) -> tuple[CostModel, StepCosts]:
     for n in (1, 4, 16, 32):
         for k in (0, 2):
             model.observe_verify([k] * n, own.verify([k] * n))
-    for n in (1, 4, 16, 32, 8):
+    for n in (1, 4, 16, 32, 8) * 2:
         model.observe_verify([0] * n, ratio * own.verify([0] * n), borrowed=True)
     return model, own
 
@@ -464,6 +481,30 @@ def test_plain_decoding_borrows_the_drafters_cores_only_where_that_was_measured_
     assert costs.plain_verify([0] * 8) == pytest.approx(min(ratio, 1.0) * own.verify([0] * 8), rel=0.1)
     plan = choose_plan(costs, [PlanRequest("r", (0.0,) * K_MAX, 0)], K_MAX)
     assert plan.layout == "ar" and plan.step_s == pytest.approx(costs.plain_verify([0]))
+
+
+def test_a_few_slow_lent_calls_do_not_judge_lending():
+    """The start-up profile measures two or three lent-core calls, each just after a switch;
+    slow ones once priced plain decoding 1.4x dearer and turned lending off for the rest of a
+    run (auto ran sd at C = 1, 0.87x of plain decoding on both cores). Until LENT_JUDGED calls
+    are measured, a ratio above 1 counts as 1; past that, it is the median's."""
+    from gateway.cost_model import LENT_JUDGED
+
+    model = CostModel()
+    own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0)
+    for n in (1, 4, 16, 32):
+        model.observe_verify([0] * n, own.verify([0] * n))
+    for _ in range(LENT_JUDGED - 1):
+        model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
+    costs = model.costs()
+    assert costs.lent_ratio == pytest.approx(1.0) and costs.lending_pays
+    assert costs.plain_verify([0]) == pytest.approx(costs.verify([0]))         # the own cores' price
+    model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
+    costs = model.costs()
+    assert costs.lent_ratio > 1.2 and not costs.lending_pays
+    for _ in range(LENT_JUDGED + 1):                                 # faster ones outvote them
+        model.observe_verify([0], 0.7 * own.verify([0]), borrowed=True)
+    assert model.costs().lending_pays
 
 
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
