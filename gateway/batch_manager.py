@@ -333,8 +333,7 @@ class BatchManager:
     def _lend(self) -> bool:
         """Whether this plain step borrows the drafter's cores: while that was measured to pay
         (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
-        change of load or machine is noticed. On two crowded cores two threads decoded a few
-        requests slower than one (docs/benchmarks.md)."""
+        change of load or machine is noticed (docs/auto.md, "Same hardware, all of it")."""
         if self.planner.costs().lending_pays:
             return True
         if self._lend_trial_left <= 0 and time.monotonic() - self.planner.model.lent_observed_at < LEND_RECHECK_S:

@@ -128,9 +128,10 @@ class StepCosts:
     # A step's verify goes out with its draft call and waits for the drafts at the verifier:
     # one gateway round trip a step, not two (BatchManager._step).
     early_verify: bool = False
-    # Lent-core decode time over the own cores' (None: not measured). Above 1 the lent cores
-    # slow plain decoding down (two threads' barriers beside the gateway and the clients on
-    # two crowded cores): it then runs on the verifier's own cores.
+    # Lent-core decode time over the own cores' (None: not measured; at most 1 until
+    # LENT_JUDGED calls). Above 1 the lent cores slow plain decoding down (their other work,
+    # the gateway's and the clients', stalls two threads' barriers): it then runs on the
+    # verifier's own cores.
     lent_ratio: float | None = None
 
     @property

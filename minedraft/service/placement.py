@@ -75,7 +75,7 @@ def compute_thread(name: str) -> ThreadPoolExecutor:
     keeps its team of workers for life. While the process holds more such workers than it has
     cores, every team stops spinning between regions and sleeps on a futex instead, so each of
     the hundreds of regions in a forward waits on a wake-up. A verifier that loaded its model
-    with two threads on the start-up thread and decoded on another ran a step at 16 requests in
-    17 ms on two cores, slower than on one (15 ms); loading on the compute thread, 10-12 ms.
+    with two threads on the start-up thread and decoded on another took 16-17 ms a step of 16
+    requests on two cores, more than on one (15 ms); loading on the compute thread, 11-12 ms.
     """
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
