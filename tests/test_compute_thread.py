@@ -33,6 +33,16 @@ def _capture(*args, **kwargs):
     raise ServicerBuilt(args, kwargs)
 
 
+def _assert_loaded_on_the_compute_thread(serve, loaded_on: list[int], compute_arg: int) -> None:
+    """Run a service's start-up until its servicer is made: the model was loaded once, on
+    the thread handed to the servicer as its compute thread (argument `compute_arg`)."""
+    with pytest.raises(ServicerBuilt) as built:
+        asyncio.run(serve)
+    positional, _ = built.value.args
+    assert loaded_on == [_thread_of(positional[compute_arg])]
+    assert loaded_on[0] != threading.get_ident()
+
+
 def test_verifier_loads_its_model_on_its_compute_thread(monkeypatch):
     loaded_on = []
 
@@ -43,12 +53,7 @@ def test_verifier_loads_its_model_on_its_compute_thread(monkeypatch):
     monkeypatch.setattr(verifier_main, "_build", build)
     monkeypatch.setattr(verifier_servicer, "VerifierServicer", _capture)
     args = verifier_main.parse_args(["--port", "0", "--data-plane", "inband"])
-    with pytest.raises(ServicerBuilt) as built:
-        asyncio.run(verifier_main.serve(args))
-    positional, _ = built.value.args
-    compute = positional[3]
-    assert loaded_on == [_thread_of(compute)]
-    assert loaded_on[0] != threading.get_ident()
+    _assert_loaded_on_the_compute_thread(verifier_main.serve(args), loaded_on, compute_arg=3)
 
 
 def test_drafter_loads_its_model_on_its_compute_thread(monkeypatch):
@@ -76,9 +81,4 @@ def test_drafter_loads_its_model_on_its_compute_thread(monkeypatch):
     monkeypatch.setattr(drafter_main, "Pairing", Pairing)
     monkeypatch.setattr(drafter_main, "DrafterServicer", _capture)
     args = drafter_main.parse_args(["--port", "0", "--verifier", "127.0.0.1:1"])
-    with pytest.raises(ServicerBuilt) as built:
-        asyncio.run(drafter_main.serve(args))
-    positional, _ = built.value.args
-    compute = positional[5]
-    assert loaded_on == [_thread_of(compute)]
-    assert loaded_on[0] != threading.get_ident()
+    _assert_loaded_on_the_compute_thread(drafter_main.serve(args), loaded_on, compute_arg=5)

@@ -317,6 +317,19 @@ def _run_for(planner, clock, requests, seconds: float, delivered: float, spells:
     return ran
 
 
+def _spell_runner(planner, clock, requests, delivered: dict[str, float]):
+    """-> run(seconds): plan, then one spell of four steps in which each layout delivers
+    `delivered[layout]` (default 1) times the tokens it was predicted to; -> the layout run."""
+    def run(seconds: float) -> str:
+        plan = planner.replan(requests, K_MAX)
+        unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
+        for _ in range(4):
+            planner.observe_step(plan.layout, round(unslowed * seconds * delivered.get(plan.layout, 1.0) / 4), 0)
+        clock[0] += seconds
+        return plan.layout
+    return run
+
+
 @pytest.fixture
 def clock(monkeypatch):
     from gateway import auto
@@ -584,15 +597,7 @@ def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_pred
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
 
-    def run(seconds: float) -> str:
-        plan = planner.replan(requests, K_MAX)
-        delivered = 0.6 if plan.layout == "psd" else 1.0
-        unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
-        for _ in range(4):
-            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / 4), 0)
-        clock[0] += seconds
-        return plan.layout
-
+    run = _spell_runner(planner, clock, requests, {"psd": 0.6})
     ran = [run(1.0) for _ in range(6)]
     assert ran[0] == "psd" and "ar" in ran and ran[-1] == "sd", ran     # psd measured slow: left for sd;
     ar_tries = [d.trying for d in planner.history if d.trying == "ar"]  # plain decoding measured once
@@ -632,15 +637,7 @@ def test_plain_decoding_predicted_behind_is_measured_and_chosen_where_it_deliver
     ratio = first.considered["ar"] / first.tokens_per_s
     assert first.layout == "psd" and auto.BASELINE_EXPLORE_WITHIN <= ratio < auto.EXPLORE_WITHIN
 
-    def run(seconds: float) -> str:
-        plan = planner.replan(requests, K_MAX)
-        delivered = 1.5 if plan.layout == "ar" else 1.0
-        unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
-        for _ in range(4):
-            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / 4), 0)
-        clock[0] += seconds
-        return plan.layout
-
+    run = _spell_runner(planner, clock, requests, {"ar": 1.5})
     ran = [run(0.5) for _ in range(40)]
     assert ran[0] == "ar", ran                                   # tried first, predicted behind
     assert ran[-20:].count("ar") >= 18 and ran[-1] == "ar", ran  # chosen (sd re-checked once)
