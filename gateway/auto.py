@@ -28,10 +28,11 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gateway.acceptance_estimate import AcceptanceEstimate
 from gateway.cost_model import CostModel, StepCosts
-from gateway.planner import Plan, PlanRequest, choose_plan
+from gateway.planner import Plan, PlanRequest, choose_plan, layout_step_s
 from gateway.request import ActiveRequest
 from minedraft.constants import LAYOUTS
 from minedraft.v1 import generation_pb2
@@ -69,16 +70,23 @@ class _Spell:
     """A plan in force from `since` until the next plan: what it delivered against its promise."""
     layout: str
     since: float
-    decode_tokens_per_s: float      # the model's decode rate for this layout and these requests
-    prefill_s_per_token: float      # ... and its price of a prompt token in this layout
+    draft_lengths: tuple[int, ...]  # the plan's, one per request (all 0 in plain decoding) ...
+    emitted: float                  # ... and the tokens a step of them was expected to give
     counted: bool                   # not while a switch settles, nor the first after idling (the
                                     # pipeline refills and drafting catches up: the switch's cost)
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
     prompt_tokens: int = 0          # ... and prefilled by them
 
-    def predicted_s(self) -> tuple[float, float]:
-        """(decoding, prefill): what the model says the spell's work should have taken."""
-        return self.tokens / self.decode_tokens_per_s, self.prompt_tokens * self.prefill_s_per_token
+
+class _Measured(NamedTuple):
+    """A spell measured: what it delivered and how long it took. What the model says it
+    should have taken is asked again whenever it is read (`AutoPlanner._predicted_s`)."""
+    ended: float
+    draft_lengths: tuple[int, ...]
+    emitted: float
+    tokens: int
+    prompt_tokens: int
+    seconds: float
 
 
 def _same_load(running: int, then: int) -> bool:
@@ -98,10 +106,10 @@ class AutoPlanner:
         self.plan = Plan("ar", {}, ((),), 0.0, 0.0)
         self.replans = 0
         self.layout_switches = 0
-        # Per layout, its measured spells: (ended, seconds predicted decoding, ... prefill,
-        # seconds measured).
-        self._measured: dict[str, deque[tuple[float, float, float, float]]] = {
-            layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
+        self._measured: dict[str, deque[_Measured]] = {layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
+        # Per layout, its slowdowns as last read, and what they were read from (the costs,
+        # the spells).
+        self._slowdowns_read: dict[str, tuple[tuple, tuple[float, float]]] = {}
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
@@ -149,21 +157,34 @@ class AutoPlanner:
         spell, self._spell = self._spell, None
         mature = self.model.verify_calls >= MATURE_CALLS and (spell is None or spell.layout == "ar"
                                                               or self.model.draft_calls >= MATURE_CALLS)
-        if spell is None or not spell.counted or not mature or spell.decode_tokens_per_s <= 0:
+        if spell is None or not spell.counted or not mature or spell.emitted <= 0:
             return
         if now > spell.since:
-            self._measured[spell.layout].append((now, *spell.predicted_s(), now - spell.since))
+            self._measured[spell.layout].append(_Measured(now, spell.draft_lengths, spell.emitted, spell.tokens,
+                                                          spell.prompt_tokens, now - spell.since))
 
-    def _recent(self, layout: str, since: float | None = None) -> list[tuple[float, float, float, float]]:
+    def _recent(self, layout: str, since: float | None = None) -> list[_Measured]:
         """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an
         old measurement stands until the layout is measured again (see _layout_to_try)."""
         spells = self._measured[layout]
         if since is None:
-            since = spells[-1][0] - SLOWDOWN_SPAN_S if spells else 0.0
-        return [spell for spell in spells if spell[0] >= since]
+            since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
+        return [spell for spell in spells if spell.ended >= since]
 
     def _measured_s(self, layout: str, since: float | None = None) -> float:
-        return sum(seconds for *_, seconds in self._recent(layout, since))
+        return sum(spell.seconds for spell in self._recent(layout, since))
+
+    def _predicted_s(self, layout: str, spell: _Measured, costs: StepCosts) -> tuple[float, float]:
+        """(decoding, prefill): what the model says now that the spell's work should have
+        taken: its tokens at the rate of its plan's steps, its prompts at the layout's prefill
+        price. Asked of today's model, not the one of the spell's time, so that a layout's
+        measured rate stands while the model moves (the lent-core ratio and the fits move
+        with every call: plain decoding's prediction swung 235-314 tok/s between plans at
+        C = 2 with nothing else changed, and a slowdown read against each spell's own
+        prediction carried the swing into the choice)."""
+        step = layout_step_s(layout, costs, spell.draft_lengths)
+        decoding = spell.tokens * step / spell.emitted if step else 0.0
+        return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
     def slowdown(self, layout: str) -> float:
         """Measured over predicted time of the layout's decoding lately (1 until
@@ -183,15 +204,21 @@ class AutoPlanner:
         decoding look twice as slow as it decodes); fitted in that order because a wave's
         spell has almost no decoding to tell the two apart by."""
         recent = self._recent(layout)
-        if sum(measured for *_, measured in recent) < MEASURED_ENOUGH_S:
+        if sum(spell.seconds for spell in recent) < MEASURED_ENOUGH_S:
             return 1.0, 1.0
+        costs = self.costs()
+        read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
+        if layout in self._slowdowns_read and self._slowdowns_read[layout][0] == read_from:
+            return self._slowdowns_read[layout][1]
+        predicted = [(*self._predicted_s(layout, spell, costs), spell.seconds) for spell in recent]
         pull_d, pull_p = SLOWDOWN_PULL
-        decoding = [(d, p, m) for _, d, p, m in recent if p <= 0.5 * d]
+        decoding = [(d, p, m) for d, p, m in predicted if p <= 0.5 * d]
         s_d = (sum(m - p for d, p, m in decoding) + pull_d) / (sum(d for d, _, _ in decoding) + pull_d)
         s_d = min(3.0, max(0.5, s_d))
-        prefilling = [(d, p, m) for _, d, p, m in recent if p > 0]
+        prefilling = [(d, p, m) for d, p, m in predicted if p > 0]
         s_p = (sum(m - s_d * d for d, _, m in prefilling) + pull_p) / (sum(p for _, p, _ in prefilling) + pull_p)
-        return s_d, min(3.0, max(0.5, s_p))
+        self._slowdowns_read[layout] = read_from, (s_d, min(3.0, max(0.5, s_p)))
+        return self._slowdowns_read[layout][1]
 
     def costs(self) -> StepCosts:
         return self.model.costs()
@@ -260,8 +287,8 @@ class AutoPlanner:
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
         if requests and not self.cycle_steps:
-            self._spell = _Spell(plan.layout, now, plan.decode_tokens_per_s, self.costs().prefill_per_token(plan.layout),
-                                 counted=self._steady and not self._settling)
+            self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
+                                 plan.decode_tokens_per_s * plan.step_s, counted=self._steady and not self._settling)
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1
@@ -294,7 +321,7 @@ class AutoPlanner:
             self._trial_length_s = now - since
             if measured >= MEASURED_ENOUGH_S:       # the fresh measurement replaces the old one
                 spells = self._measured[layout]
-                while spells and spells[0][0] < since:
+                while spells and spells[0].ended < since:
                     spells.popleft()
         best_slowdown = self.slowdown(best.layout)
         for layout, rate in best.considered.items():
@@ -345,7 +372,7 @@ class AutoPlanner:
 
     def _last_measured(self, layout: str) -> float:
         spells = self._measured[layout]
-        return spells[-1][0] if spells else self._started
+        return spells[-1].ended if spells else self._started
 
     def _layout_to_keep(self, best: Plan, running: int) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise) or the

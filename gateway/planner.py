@@ -102,7 +102,7 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
     for threshold, cap, ks in _candidates(reach, k_max):
         emitted = sum(g[k] for g, k in zip(gains, ks))
         for layout in layouts:
-            step = _step_s(layout, costs, ks)
+            step = layout_step_s(layout, costs, ks)
             if step is None:
                 continue
             decode = emitted / step
@@ -156,7 +156,7 @@ def _psd_order(ks: tuple[int, ...]) -> list[int]:
     return sorted(range(len(ks)), key=lambda i: -ks[i])
 
 
-def _step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
+def layout_step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
     """The time of one step (a cycle of both batches in psd) with these draft lengths; None
     where the layout does not apply (drafts in ar, none in sd or psd, psd with one request)."""
     g = costs.gateway_per_step

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gateway.cost_model import CostModel, LinearFit, StepCosts
-from gateway.planner import PlanRequest, _step_s, choose_plan, expected_max
+from gateway.planner import PlanRequest, choose_plan, expected_max, layout_step_s
 from minedraft.constants import LAYOUTS
 
 K_MAX = 8
@@ -119,8 +119,8 @@ def test_with_early_verify_a_step_passes_the_gateway_once():
     cheap_gateway = StepCosts(**{**calm.__dict__, "gateway_per_step": 0.0})
     assert choose_plan(cheap_gateway, requests, 4, layouts=("psd",)).step_s == pytest.approx(16e-3)
     slow_drafts = StepCosts(**{**calm.__dict__, "draft_per_forward": 4e-3})     # drafts 16 ms, verifies 8
-    assert _step_s("psd", slow_drafts, (4, 4)) == pytest.approx(32e-3)          # the drafter's two calls
-    assert _step_s("psd", slow_drafts, (3, 3)) == pytest.approx(24e-3)          # ... or the round: 12 + 8 + 4
+    assert layout_step_s("psd", slow_drafts, (4, 4)) == pytest.approx(32e-3)          # the drafter's two calls
+    assert layout_step_s("psd", slow_drafts, (3, 3)) == pytest.approx(24e-3)          # ... or the round: 12 + 8 + 4
 
 
 def test_cost_model_jitter_follows_its_errors():
@@ -328,6 +328,17 @@ def _spell_runner(planner, clock, requests, delivered: dict[str, float]):
         clock[0] += seconds
         return plan.layout
     return run
+
+
+def _measured_spell(planner, requests, layout: str, ended: float, predicted_s: float, seconds: float):
+    """A spell of `layout` that ended at `ended`, took `seconds` and delivered what the
+    planner's model says takes `predicted_s` in that layout."""
+    from gateway.auto import _Measured
+
+    wanted = [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats), K_MAX) for r in requests]
+    plan = choose_plan(planner.costs(), wanted, K_MAX, layouts=(layout,))
+    return _Measured(ended, tuple(plan.draft_lengths.values()), plan.decode_tokens_per_s * plan.step_s,
+                     round(plan.decode_tokens_per_s * predicted_s), 0, seconds)
 
 
 @pytest.fixture
@@ -644,6 +655,26 @@ def test_plain_decoding_predicted_behind_is_measured_and_chosen_where_it_deliver
     assert planner.slowdown("ar") == pytest.approx(1 / 1.5, rel=0.05)
 
 
+def test_a_measured_layout_is_judged_at_its_measured_rate_while_the_model_moves(clock):
+    """What a layout delivered is read against today's model, so its estimate stays what it
+    measured when the model's prediction moves (with every call the fits and the lent-core
+    ratio move: plain decoding's prediction swung 235-314 tok/s between plans at C = 2 with
+    nothing else changed, and a slowdown read against each spell's own prediction carried
+    that swing into the choice)."""
+    costs = StepCosts(draft_per_forward=5e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert set(_run_for(planner, clock, requests, 0.5, delivered=1.2, spells=6)) == {"ar"}
+    measured = planner.replan(requests, K_MAX).considered["ar"]
+    assert planner.slowdown("ar") == pytest.approx(1 / 1.2, rel=0.03)
+    dearer = StepCosts(draft_per_forward=5e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                       verify_fixed=1.3e-3, verify_per_token=1.3e-4, gateway_per_step=2e-4)
+    planner.model = _planner_with(dearer).model             # the model now says 1.3x dearer
+    assert planner.slowdown("ar") == pytest.approx(1 / 1.2 / 1.3, rel=0.03)
+    assert planner.replan(requests, K_MAX).considered["ar"] == pytest.approx(measured, rel=0.02)
+
+
 def test_a_layout_slowed_only_as_much_as_the_best_is_not_rechecked(clock):
     """Every layout ran 1.3x slower than the cost model says (the machine's doing, not a
     layout's): sd, predicted at three quarters of psd, is as far behind as its measurement
@@ -654,7 +685,7 @@ def test_a_layout_slowed_only_as_much_as_the_best_is_not_rechecked(clock):
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
     for _ in range(3):                                      # 1.2 s of sd, 1.3x slow
-        planner._measured["sd"].append((clock[0], 0.3, 0.0, 0.39))
+        planner._measured["sd"].append(_measured_spell(planner, requests, "sd", clock[0], 0.3, 0.39))
     ran = _run_for(planner, clock, requests, 0.5, delivered=1 / 1.3, spells=120)
     assert set(ran) == {"psd"}
     assert planner.slowdown("psd") == pytest.approx(1.3, rel=0.02)
@@ -706,9 +737,8 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
     for burst, stretch in ((0, 1.0), (2000, 1.0), (2000, 1.0), (0, 1.0), (2000, 2.0), (2000, 2.0)):
         plan = planner.replan(requests, K_MAX)
         assert plan.layout == layout
-        spell = planner._spell
-        planner.observe_step(layout, round(spell.decode_tokens_per_s * 0.1), burst)
-        clock[0] += (0.1 + burst * spell.prefill_s_per_token) * stretch
+        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.1), burst)
+        clock[0] += (0.1 + burst * planner.costs().prefill_per_token(layout)) * stretch
         if stretch == 1.0 and burst:
             planner.replan(requests, K_MAX)
             assert planner.slowdown(layout) == pytest.approx(1.0, rel=0.02)
@@ -805,9 +835,8 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch):
     layout = _run_for(planner, clock, requests, 0.2, delivered=1.0)[0]
     for burst in (0, 0, 5000, 0, 0, 0):
         planner.replan(requests, K_MAX)
-        spell = planner._spell
-        planner.observe_step(layout, round(spell.decode_tokens_per_s * 0.2), burst)
-        clock[0] += 0.2 + 2 * burst * spell.prefill_s_per_token
+        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.2), burst)
+        clock[0] += 0.2 + 2 * burst * planner.costs().prefill_per_token(layout)
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == pytest.approx(1.0, abs=0.05)
     assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)
@@ -826,7 +855,7 @@ def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(cloc
     # (long enough that the trial budget, test_re_checks_take_a_bounded_share_of_the_time, allows one)
     assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=40)) == {"psd"}
     for _ in range(2):                      # 0.48 s of sd measured, 20% slower than predicted
-        planner._measured["sd"].append((clock[0], 0.2, 0.0, 0.24))
+        planner._measured["sd"].append(_measured_spell(planner, requests, "sd", clock[0], 0.2, 0.24))
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 0.7)         # sd a contender (0.74 of psd here)
     assert planner.slowdown("sd") == pytest.approx(1.2, rel=0.01)
     wait = auto.RECHECK_PER_MEASURED * 0.48
@@ -853,7 +882,7 @@ def _settled_in_psd_the_others_measured_briefly(clock, monkeypatch):
     requests = [_active(i) for i in range(8)]
     assert set(_run_for(planner, clock, requests, 0.1, delivered=1.0, spells=3)) == {"psd"}
     for layout in ("sd", "ar"):
-        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+        planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 0.5)         # sd 0.74 of psd, ar 0.57 here
     return planner, requests
 
@@ -908,7 +937,7 @@ def test_the_trial_budget_is_over_recent_running_time(clock):
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
     for layout in ("sd", "ar"):
-        planner._measured[layout].append((clock[0], 0.3, 0.0, 0.3))
+        planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
     _run_for(planner, clock, requests, 1.0, delivered=1.0, spells=round(20 * auto.EXPLORE_WINDOW_S))
     assert planner._running_s < 1.5 * auto.EXPLORE_WINDOW_S
     before = sum(1 for d in planner.history if d.trying)
