@@ -51,7 +51,7 @@ SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster th
                             # switch drains the pipeline and drafting catches up: not free)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
-BASELINE_EXPLORE_WITHIN = 0.75  # ... plain decoding, while unmeasured, from this close
+FIRST_EXPLORE_WITHIN = 0.75     # ... from this close while it was never measured (early in a run)
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
@@ -59,7 +59,7 @@ RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for 
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
-EXPLORE_SHARE = 0.1         # trials of layouts measured before take at most this share of the time
+EXPLORE_SHARE = 0.05        # trials of layouts measured before take at most this share of the time
                             # requests ran (each costs two switches and runs a layout likely worse),
 EXPLORE_WINDOW_S = 60.0     # of about the last this long (an hour without trials earns no burst)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
@@ -332,11 +332,14 @@ class AutoPlanner:
             # worse, set aside: a re-check doubts it) must come within EXPLORE_WITHIN of the
             # best. Waiting alone is no reason: trials of layouts that lost even so ran a fifth
             # to a half slower than the plan for up to a second of every short run, and won
-            # nothing. Plain decoding, what auto must never lose to, is tried from further
-            # behind while unmeasured: its prediction can be far off (at C = 32 it was 0.81-0.9
-            # of psd's and a quarter below what it delivered, so psd ran at 0.83 of it).
+            # nothing. A layout never measured is tried from further behind: a prediction
+            # can be far off (at C = 32 plain decoding's was 0.81-0.9 of psd's and a quarter
+            # below what it delivered, so psd ran at 0.83 of it), and a first measurement is
+            # best made early, while the server starts (with 0.9, predictions drifting near
+            # it started psd's and sd's first trials in the 6th second at C = 4, a quarter
+            # of a short run).
             unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
-            within = BASELINE_EXPLORE_WITHIN if layout == "ar" and unmeasured else EXPLORE_WITHIN
+            within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
             if rate * max(1.0, self.slowdown(layout) / best_slowdown) < within * best.tokens_per_s:
                 continue
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
@@ -391,6 +394,8 @@ class AutoPlanner:
         if self.cycle_steps:
             varied = (zlib.crc32(req.request_id.encode()) + self._steps) % (cap + 1)
             return 0 if self.plan.layout == "ar" else varied
+        if self.plan.layout == "ar" or cap == 0:
+            return 0                        # (its reach is not worked out for every request every step)
         return self.plan.draft_length(self.acceptance.reach(req.seq.stats), cap)
 
     @staticmethod

@@ -635,7 +635,7 @@ def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_pred
 
 def test_plain_decoding_predicted_behind_is_measured_and_chosen_where_it_delivers_more(clock):
     """The baseline auto must not lose to is tried from further behind than other layouts
-    while unmeasured (BASELINE_EXPLORE_WITHIN): predicted at 0.75-0.9 of psd but delivering
+    while unmeasured (FIRST_EXPLORE_WITHIN): predicted at 0.75-0.9 of psd but delivering
     1.5x its prediction (at C = 32 plain decoding was predicted a quarter below what it
     delivered and never tried), it is measured, then chosen and kept."""
     from gateway import auto
@@ -646,7 +646,7 @@ def test_plain_decoding_predicted_behind_is_measured_and_chosen_where_it_deliver
     requests = [_active(i) for i in range(8)]
     first = planner.replan(requests, K_MAX)
     ratio = first.considered["ar"] / first.tokens_per_s
-    assert first.layout == "psd" and auto.BASELINE_EXPLORE_WITHIN <= ratio < auto.EXPLORE_WITHIN
+    assert first.layout == "psd" and auto.FIRST_EXPLORE_WITHIN <= ratio < auto.EXPLORE_WITHIN
 
     run = _spell_runner(planner, clock, requests, {"ar": 1.5})
     ran = [run(0.5) for _ in range(40)]
@@ -884,6 +884,7 @@ def _settled_in_psd_the_others_measured_briefly(clock, monkeypatch):
     for layout in ("sd", "ar"):
         planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 0.5)         # sd 0.74 of psd, ar 0.57 here
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 0.5)
     return planner, requests
 
 
@@ -921,7 +922,7 @@ def test_a_layouts_first_measurement_does_not_spend_the_trial_budget(clock):
     spell_s = 0.1
     first = _run_for(planner, clock, requests, spell_s, delivered=0.7, spells=12)
     assert {"sd", "psd"} <= set(first) and planner._trial_s == 0.0          # both measured, for free
-    later = _run_for(planner, clock, requests, spell_s, delivered=1.0, spells=40)
+    later = _run_for(planner, clock, requests, spell_s, delivered=1.0, spells=120)
     rechecks = sum(1 for d in list(planner.history)[-len(later):] if d.trying)
     assert rechecks, "".join(layout[0] for layout in later)
     assert rechecks * spell_s <= auto.EXPLORE_SHARE * len(later) * spell_s + auto.EXPLORE_MAX_S
