@@ -53,6 +53,8 @@ EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this
                             # (its measured slowdown, where worse than the best's, set aside)
 FIRST_EXPLORE_WITHIN = 0.75     # ... from this close while it was never measured (early in a run)
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
+LOAD_DROP_S = 0.25          # fewer requests than the settled layout was chosen for: kept this long
+                            # before the choice follows (a closed loop's wave ends, the next begins)
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
                             # again: its old measurement may no longer hold;
@@ -110,6 +112,7 @@ class AutoPlanner:
         # Per layout, its slowdowns as last read, and what they were read from (the costs,
         # the spells).
         self._slowdowns_read: dict[str, tuple[tuple, tuple[float, float]]] = {}
+        self._steps_read: tuple[StepCosts | None, dict] = None, {}     # step times by (layout, ks)
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
@@ -121,6 +124,7 @@ class AutoPlanner:
         self._settling = 0              # steps of the new layout still to come back after a switch
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried) ...
         self._settled_for = 0           # ... for this many requests
+        self._fewer_since: float | None = None      # when fewer than that began running
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
@@ -182,7 +186,12 @@ class AutoPlanner:
         with every call: plain decoding's prediction swung 235-314 tok/s between plans at
         C = 2 with nothing else changed, and a slowdown read against each spell's own
         prediction carried the swing into the choice)."""
-        step = layout_step_s(layout, costs, spell.draft_lengths)
+        if self._steps_read[0] is not costs:
+            self._steps_read = costs, {}
+        key = layout, spell.draft_lengths           # (a run's spells mostly share a few)
+        if key not in self._steps_read[1]:
+            self._steps_read[1][key] = layout_step_s(layout, costs, spell.draft_lengths)
+        step = self._steps_read[1][key]
         decoding = spell.tokens * step / spell.emitted if step else 0.0
         return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
@@ -266,6 +275,10 @@ class AutoPlanner:
                                horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
             trying = None if moved else self._layout_to_try(best)
+            if len(requests) >= self._settled_for:
+                self._fewer_since = None
+            elif self._fewer_since is None:
+                self._fewer_since = now
             if trying is None:
                 kept = self._layout_to_keep(best, len(requests))
                 if kept is None:
@@ -381,8 +394,15 @@ class AutoPlanner:
         """The settled layout, unless the best is clearly better (no flapping on noise) or the
         load is not the one it was chosen for, within a factor of two (sd settled for a wave's
         last request, kept on the margin, prefilled the next wave's 64 prompts as one batch).
-        A layout only being tried never counts as settled: after its trial it must win outright."""
+        A layout only being tried never counts as settled: after its trial it must win outright.
+        Fewer requests than it was chosen for keep it for LOAD_DROP_S whatever the best: at a
+        wave's end in a closed loop one request ran alone for a few milliseconds, sd was
+        best for it, and every wave paid two switches (the pipeline drained, the drafter
+        caught up, the lent cores handed back)."""
         current = best.considered.get(self._settled)
+        if (current is not None and self._fewer_since is not None
+                and time.monotonic() - self._fewer_since < LOAD_DROP_S):
+            return self._settled
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * SWITCH_MARGIN
                 and _same_load(running, self._settled_for)):
             return self._settled

@@ -36,9 +36,12 @@ PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over le
 WORKLOAD_WINDOW = 64        # requests the prompt-per-output ratio is taken over
 LENT_WINDOW = 24            # recent lent-core calls the ratio is the median of (a trial of plain
                             # decoding renews most of them)
-LENT_JUDGED = 8             # lent-core decode calls it takes to judge lending slower than the own
-                            # cores; until then a ratio above 1 is taken as 1 (the start-up profile
+LENT_JUDGED = 8             # lent-core decode calls, each beside own-core ones of about its batch,
+                            # it takes to judge lending slower than the own cores; until then the
+                            # lent cores are priced at most at the own cores' (the start-up profile
                             # measures two or three, each just after a switch, when threads wake)
+OWN_PLAIN_KEPT = 64         # own-core plain decode calls kept to judge lending by
+SAME_BATCH = 1.25           # batches within this factor of each other are compared
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
@@ -128,17 +131,23 @@ class StepCosts:
     # A step's verify goes out with its draft call and waits for the drafts at the verifier:
     # one gateway round trip a step, not two (BatchManager._step).
     early_verify: bool = False
-    # Lent-core decode time over the own cores' (None: not measured; at most 1 until
-    # LENT_JUDGED calls). Above 1 the lent cores slow plain decoding down (their other work,
+    # Lent-core decode time over the own cores' prediction, what the lent cores are priced at
+    # (None: not measured; at most 1 unless judged slower, below).
+    lent_ratio: float | None = None
+    # Lent-core decode time over own-core decode time measured at about the same batch (None:
+    # too few such pairs). Above 1 the lent cores slow plain decoding down (their other work,
     # the gateway's and the clients', stalls two threads' barriers): it then runs on the
     # verifier's own cores.
-    lent_ratio: float | None = None
+    lending_judged: float | None = None
 
     @property
     def lending_pays(self) -> bool:
-        """Whether plain decoding should borrow the drafter's cores: unless measured slower
-        (a ratio from fewer than LENT_JUDGED calls is at most 1: not judged yet)."""
-        return self.lent_ratio is None or self.lent_ratio <= 1.0
+        """Whether plain decoding should borrow the drafter's cores: unless measured slower,
+        beside own-core plain steps of about the same batch. Never on the own-core fit alone:
+        in plain decoding it is extrapolated from drafting steps (k > 0), and a trial of psd
+        that reshaped it once read lending as slower and ran the rest of a run on one core
+        (busy 8.3 ms a step against 6.6 lent)."""
+        return self.lending_judged is None or self.lending_judged <= 1.0
 
     def plain_verify(self, ks: list[int], new_tokens: int = 0) -> float:
         """A plain-decoding step where it runs: on the lent cores if they pay, else the own."""
@@ -197,6 +206,7 @@ class CostModel:
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
+        self._own_plain: deque[tuple[int, float]] = deque(maxlen=OWN_PLAIN_KEPT)   # (batch, busy), k = 0
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
@@ -273,6 +283,8 @@ class CostModel:
                     self._lent_prefills.append((features, busy_s))
             else:
                 self._verify.observe(features, busy_s)
+                if not new_tokens and not any(ks):
+                    self._own_plain.append((len(ks), busy_s))
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -310,8 +322,6 @@ class CostModel:
         if not decode:
             return None
         decode_ratio = sorted(decode)[len(decode) // 2]
-        if len(decode) < LENT_JUDGED:
-            decode_ratio = min(1.0, decode_ratio)
         prefill_s, own_prefill_s = 0.0, 0.0
         for features, busy in self._lent_prefills:
             own = self._verify.predict(features)
@@ -339,8 +349,11 @@ class CostModel:
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
+        judged = self._lending_judged()
         if ratios is not None:
             lent_ratio, prefill_ratio = ratios
+            if judged is None or judged <= 1.0:
+                lent_ratio, prefill_ratio = min(1.0, lent_ratio), min(1.0, prefill_ratio)
             borrowed = (lent_ratio * verify_fixed, lent_ratio * verify_per_token, prefill_ratio * verify_new,
                         lent_ratio * verify_request)
         gateway = sorted(self._gateway)[len(self._gateway) // 2]
@@ -349,4 +362,21 @@ class CostModel:
                          borrowed_per_new_token=borrowed[2],
                          prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
-                         jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio)
+                         jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio,
+                         lending_judged=judged)
+
+    def _lending_judged(self) -> float | None:
+        """The median, over recent lent-core decode calls, of each one's busy time over the
+        median of own-core plain decode calls of about its batch (within SAME_BATCH); None
+        until LENT_JUDGED calls have such a partner."""
+        ratios = []
+        for features, busy in self._lent:
+            batch = features[3]
+            if features[2] or features[1] != batch:         # prompts in it, or drafts verified
+                continue
+            own = sorted(b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH)
+            if own and own[len(own) // 2] > 0:
+                ratios.append(busy / own[len(own) // 2])
+        if len(ratios) < LENT_JUDGED:
+            return None
+        return sorted(ratios)[len(ratios) // 2]

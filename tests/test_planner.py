@@ -531,6 +531,32 @@ def test_a_few_slow_lent_calls_do_not_judge_lending():
     assert model.costs().lending_pays
 
 
+def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_fit():
+    """The own-core fit, fitted on drafting steps, may under-price plain decoding: lent calls
+    then read slower than it, but lending is judged slower only against own-core plain steps
+    of about the same batch (a psd trial once reshaped the fit and turned lending off for
+    the rest of a run). Until judged, the lent cores are priced at most at the own cores'."""
+    model = CostModel()
+    own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0)
+    for n in (1, 4, 16, 32):
+        for _ in range(4):
+            model.observe_verify([2] * n, own.verify([2] * n))        # drafting steps only
+    for n in (4, 16) * 8:
+        model.observe_verify([0] * n, 1.3 * own.verify([0] * n), borrowed=True)
+    costs = model.costs()
+    assert costs.lending_judged is None and costs.lending_pays
+    assert costs.plain_verify([0] * 4) <= costs.verify([0] * 4) * 1.001
+    for n in (4, 5, 16):                                    # plain decoding on one core: dearer still
+        model.observe_verify([0] * n, 2.0 * own.verify([0] * n))
+    costs = model.costs()
+    assert costs.lending_judged == pytest.approx(0.65, rel=0.05) and costs.lending_pays
+    for n in (4, 16) * 3:                                   # ... or cheaper: lending loses
+        model.observe_verify([0] * n, 0.5 * own.verify([0] * n))
+    costs = model.costs()
+    assert costs.lending_judged > 1.5 and not costs.lending_pays
+    assert costs.plain_verify([0] * 4) == pytest.approx(costs.verify([0] * 4))
+
+
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     """Plain steps stop borrowing once lending was measured slower, and borrow again for a
     window of steps (enough to renew the measured ratio) every LEND_RECHECK_S."""
@@ -970,6 +996,39 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
         clock[0] += spell_s
     assert trial_s >= auto.EXPLORE_MAX_S, "never re-checked"
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
+
+
+def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch):
+    """Plain decoding settled for four requests; at a wave's end one runs alone, and sd is
+    best for it. For LOAD_DROP_S the layout stays (the next wave comes within milliseconds);
+    a drop that lasts is followed."""
+    from gateway import auto
+    from gateway.planner import Plan
+
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
+        rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
+        rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
+        layout = max(rates, key=rates.get)
+        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+
+    monkeypatch.setattr(auto, "choose_plan", choose)
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    four = [_active(i) for i in range(4)]
+    assert planner.replan(four, K_MAX).layout == "ar"
+    for wave in range(3):                                   # a few ms of one request, then four again
+        clock[0] += 0.2
+        assert planner.replan(four[:1], K_MAX).layout == "ar"
+        clock[0] += 0.01
+        assert planner.replan(four, K_MAX).layout == "ar"
+    assert planner.layout_switches == 0
+    clock[0] += 0.2
+    ran = [planner.replan(four[:1], K_MAX).layout]
+    for _ in range(3):
+        clock[0] += auto.LOAD_DROP_S / 2
+        ran.append(planner.replan(four[:1], K_MAX).layout)
+    assert ran == ["ar", "ar", "sd", "sd"]
 
 
 def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monkeypatch):
