@@ -434,7 +434,9 @@ class AutoPlanner:
             verify_borrowed_fixed_s=c.borrowed_fixed, verify_borrowed_per_token_s=c.borrowed_per_token,
             draft_per_new_token_s=c.draft_per_new_token, verify_per_new_token_s=c.verify_per_new_token,
             verify_borrowed_per_new_token_s=c.borrowed_per_new_token,
-            prompt_tokens_per_s=self.model.prompt_tokens_per_s(), prompt_per_output=c.prompt_per_output)
+            prompt_tokens_per_s=self.model.prompt_tokens_per_s(), prompt_per_output=c.prompt_per_output,
+            verify_per_request_s=c.verify_per_request, verify_borrowed_per_request_s=c.borrowed_per_request,
+            lending_judged=c.lending_judged)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

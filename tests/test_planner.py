@@ -555,6 +555,13 @@ def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_f
     costs = model.costs()
     assert costs.lending_judged > 1.5 and not costs.lending_pays
     assert costs.plain_verify([0] * 4) == pytest.approx(costs.verify([0] * 4))
+    from gateway.auto import AutoPlanner                    # GetServerInfo shows the judgement
+    planner = AutoPlanner(K_MAX)
+    planner.model = model
+    shown = planner.describe(planning=False)[0]
+    assert shown.lending_judged == pytest.approx(costs.lending_judged)
+    assert shown.verify_per_request_s == pytest.approx(costs.verify_per_request)
+    assert not AutoPlanner(K_MAX).describe(planning=False)[0].HasField("lending_judged")
 
 
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
