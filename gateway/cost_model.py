@@ -369,14 +369,16 @@ class CostModel:
         """The median, over recent lent-core decode calls, of each one's busy time over the
         median of own-core plain decode calls of about its batch (within SAME_BATCH); None
         until LENT_JUDGED calls have such a partner."""
-        ratios = []
+        ratios, own_median = [], {}           # (asked at every step: one median per batch seen)
         for features, busy in self._lent:
             batch = features[3]
             if features[2] or features[1] != batch:         # prompts in it, or drafts verified
                 continue
-            own = sorted(b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH)
-            if own and own[len(own) // 2] > 0:
-                ratios.append(busy / own[len(own) // 2])
+            if batch not in own_median:
+                own = sorted(b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH)
+                own_median[batch] = own[len(own) // 2] if own else 0.0
+            if own_median[batch] > 0:
+                ratios.append(busy / own_median[batch])
         if len(ratios) < LENT_JUDGED:
             return None
         return sorted(ratios)[len(ratios) // 2]
