@@ -57,10 +57,12 @@ def test_auto_choices_from_step_records():
         {"kind": "verify", "start_s": 0.1, "layout": "sd", "draft_lengths": [4, 2]},
         {"kind": "verify", "start_s": 0.3, "layout": "ar", "draft_lengths": []},
         {"kind": "verify", "start_s": 0.2, "layout": "psd", "draft_lengths": [3]},
-        {"kind": "verify", "start_s": 0.4, "layout": "ar", "draft_lengths": [0, 0]},
+        {"kind": "verify", "start_s": 0.4, "layout": "ar", "draft_lengths": [0, 0], "borrowed": True},
     ]
     metrics = auto_metrics(records)
     assert metrics["layout_share"] == {"ar": 0.5, "sd": 0.25, "psd": 0.25}
+    assert metrics["lent_share"] == 0.5                     # of the plain steps, one borrowed
+    assert "lent_share" not in auto_metrics(records[:2])
     assert metrics["mean_draft_length"] == pytest.approx((4 + 2 + 3 + 0 + 0) / 5)
     assert metrics["max_draft_length"] == 4
     assert auto_metrics([{"kind": "verify", "start_s": 0.0, "verify_busy_s": 0.01}]) == {}   # older gateways
@@ -302,6 +304,10 @@ def test_each_run_shows_the_hosts_pace_against_the_others():
     assert "| psd | 4 | 90.0 | 1.25 |" in "\n".join(markdown_table(rows))
     assert "pace" not in markdown_table([_row("psd", 4, 90.0)])[0]
     assert median_row([_row("psd", 4, 90.0, pace=p) for p in (500.0, 300.0)])["pace_rounds"] == [500.0, 300.0]
+    shares = [{"ar": 1.0}, {"ar": 0.6, "psd": 0.4}]          # each round's choices kept as they were
+    auto = median_row([_row("auto", 8, 90.0, layout_share=s, lent_share=0.9 * i) for i, s in enumerate(shares)])
+    assert auto["layout_share_rounds"] == shares and auto["lent_share_rounds"] == [0.0, 0.9]
+    assert "layout_share_rounds" not in median_row([_row("psd", 4, 90.0) for _ in range(2)])
     relative_paces([_row("psd", 4, 90.0)])                             # none probed: nothing to do
 
 

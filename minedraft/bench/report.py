@@ -166,6 +166,10 @@ def auto_metrics(calls: list[dict]) -> dict:
         return {}
     layouts = Counter(layout for _, layout, _ in steps)
     lengths = [k for _, _, ks in steps for k in ks]
-    return {"layout_share": {layout: n / len(steps) for layout, n in layouts.most_common()},
-            "mean_draft_length": statistics.mean(lengths) if lengths else 0.0,
-            "max_draft_length": max(lengths, default=0)}
+    metrics = {"layout_share": {layout: n / len(steps) for layout, n in layouts.most_common()},
+               "mean_draft_length": statistics.mean(lengths) if lengths else 0.0,
+               "max_draft_length": max(lengths, default=0)}
+    plain = [c for c in calls if c.get("kind") == "verify" and c.get("layout") == "ar"]
+    if plain:           # plain decoding on the drafter's cores too (on CPU, where it pays)
+        metrics["lent_share"] = sum(1 for c in plain if c.get("borrowed")) / len(plain)
+    return metrics

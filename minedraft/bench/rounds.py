@@ -49,6 +49,9 @@ def median_row(rows: list[dict]) -> dict:
                    tokens_per_s_spread=(max(throughputs) - min(throughputs)) / row[TOKENS_PER_S])
         if all("pace" in r for r in rows):              # the host's pace around each round's run
             row["pace_rounds"] = [r["pace"] for r in rows]
+        for key in ("layout_share", "lent_share"):      # what auto did in each round, not a median
+            if any(key in r for r in rows):
+                row[f"{key}_rounds"] = [r.get(key) for r in rows]
     return row
 
 
