@@ -305,7 +305,10 @@ class BatchManager:
         """Plain decoding keeps two steps of the batch in flight: the next is sent before the
         current one answers and runs right after it on the verifier (after_step_id), which
         owns the tokens, so it never waits for a round trip through the gateway. A request
-        that finishes at step n had one more token computed at step n + 1; it is dropped."""
+        that finishes at step n had one more token computed at step n + 1; it is dropped.
+        gRPC does not order the answers of concurrent calls: step n + 1's may come back
+        first, and is applied only after step n's (a bench run once streamed two tokens
+        swapped)."""
         in_flight: deque[asyncio.Future] = deque()
         previous = 0
         while True:
@@ -318,7 +321,8 @@ class BatchManager:
                 borrow = (self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
                           and self._lend())
                 in_flight.append(asyncio.ensure_future(
-                    self._verify_items(step_id, items, [], previous, borrow_cpus=borrow)))
+                    self._verify_items(step_id, items, [], previous, borrow_cpus=borrow,
+                                       apply_after=in_flight[-1] if in_flight else None)))
                 previous = step_id
                 continue
             if not in_flight:
@@ -357,10 +361,13 @@ class BatchManager:
 
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, borrow_cpus: bool = False, drafting_s: float = 0.0,
-                            caught_up: bool = True) -> None:
+                            caught_up: bool = True, apply_after: asyncio.Future | None = None) -> None:
+        """apply_after: the step this one was queued behind, whose tokens come first."""
         layout = self._step_layout()
         response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus,
                                                           drafting_s=drafting_s)
+        if apply_after is not None and not apply_after.done():
+            await asyncio.wait([apply_after])       # (its failure is its own task's to report)
         # A step counts towards a switch settling only once every request is where the
         # layout wants it (after psd, the second batch's last step hands its requests over)
         # and the drafters have caught up with what was verified without them.
