@@ -667,8 +667,8 @@ def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_pred
 
 
 def test_plain_decoding_predicted_behind_is_measured_and_chosen_where_it_delivers_more(clock):
-    """The baseline auto must not lose to is tried from further behind than other layouts
-    while unmeasured (FIRST_EXPLORE_WITHIN): predicted at 0.75-0.9 of psd but delivering
+    """The baseline auto must not lose to, like any layout never measured, is tried from
+    further behind than a measured one (FIRST_EXPLORE_WITHIN): predicted at 0.75-0.9 of psd but delivering
     1.5x its prediction (at C = 32 plain decoding was predicted a quarter below what it
     delivered and never tried), it is measured, then chosen and kept."""
     from gateway import auto
