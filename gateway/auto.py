@@ -112,7 +112,6 @@ class AutoPlanner:
         # Per layout, its slowdowns as last read, and what they were read from (the costs,
         # the spells).
         self._slowdowns_read: dict[str, tuple[tuple, tuple[float, float]]] = {}
-        self._steps_read: tuple[StepCosts | None, dict] = None, {}     # step times by (layout, ks)
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
@@ -178,20 +177,20 @@ class AutoPlanner:
     def _measured_s(self, layout: str, since: float | None = None) -> float:
         return sum(spell.seconds for spell in self._recent(layout, since))
 
-    def _predicted_s(self, layout: str, spell: _Measured, costs: StepCosts) -> tuple[float, float]:
+    @staticmethod
+    def _predicted_s(layout: str, spell: _Measured, costs: StepCosts,
+                     step_times: dict[tuple[int, ...], float | None]) -> tuple[float, float]:
         """(decoding, prefill): what the model says now that the spell's work should have
         taken: its tokens at the rate of its plan's steps, its prompts at the layout's prefill
         price. Asked of today's model, not the one of the spell's time, so that a layout's
         measured rate stands while the model moves (the lent-core ratio and the fits move
         with every call: plain decoding's prediction swung 235-314 tok/s between plans at
         C = 2 with nothing else changed, and a slowdown read against each spell's own
-        prediction carried the swing into the choice)."""
-        if self._steps_read[0] is not costs:
-            self._steps_read = costs, {}
-        key = layout, spell.draft_lengths           # (a run's spells mostly share a few)
-        if key not in self._steps_read[1]:
-            self._steps_read[1][key] = layout_step_s(layout, costs, spell.draft_lengths)
-        step = self._steps_read[1][key]
+        prediction carried the swing into the choice). step_times: the layout's step time by
+        draft lengths, filled as they are asked (a layout's spells mostly share a few)."""
+        if spell.draft_lengths not in step_times:
+            step_times[spell.draft_lengths] = layout_step_s(layout, costs, spell.draft_lengths)
+        step = step_times[spell.draft_lengths]
         decoding = spell.tokens * step / spell.emitted if step else 0.0
         return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
@@ -219,7 +218,8 @@ class AutoPlanner:
         read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
         if layout in self._slowdowns_read and self._slowdowns_read[layout][0] == read_from:
             return self._slowdowns_read[layout][1]
-        predicted = [(*self._predicted_s(layout, spell, costs), spell.seconds) for spell in recent]
+        step_times: dict[tuple[int, ...], float | None] = {}
+        predicted = [(*self._predicted_s(layout, spell, costs, step_times), spell.seconds) for spell in recent]
         pull_d, pull_p = SLOWDOWN_PULL
         decoding = [(d, p, m) for d, p, m in predicted if p <= 0.5 * d]
         s_d = (sum(m - p for d, p, m in decoding) + pull_d) / (sum(d for d, _, _ in decoding) + pull_d)
