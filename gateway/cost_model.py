@@ -45,6 +45,12 @@ SAME_BATCH = 1.25           # batches within this factor of each other are compa
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
+def _median(values) -> float:
+    """The middle value (the upper of the two middle ones for an even count); values must not be empty."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
 class LinearFit:
     """y ~ w . x by least squares over the last `window` observations, shrunk towards
     `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane).
@@ -297,7 +303,7 @@ class CostModel:
     @property
     def median_error(self) -> float:
         """How far the model's predictions of recent calls were from what they took."""
-        return sorted(self._errors)[len(self._errors) // 2] if self._errors else 0.0
+        return _median(self._errors) if self._errors else 0.0
 
     @property
     def jitter(self) -> float:
@@ -321,7 +327,7 @@ class CostModel:
                 decode.append(busy / own)
         if not decode:
             return None
-        decode_ratio = sorted(decode)[len(decode) // 2]
+        decode_ratio = _median(decode)
         prefill_s, own_prefill_s = 0.0, 0.0
         for features, busy in self._lent_prefills:
             own = self._verify.predict(features)
@@ -356,7 +362,7 @@ class CostModel:
                 lent_ratio, prefill_ratio = min(1.0, lent_ratio), min(1.0, prefill_ratio)
             borrowed = (lent_ratio * verify_fixed, lent_ratio * verify_per_token, prefill_ratio * verify_new,
                         lent_ratio * verify_request)
-        gateway = sorted(self._gateway)[len(self._gateway) // 2]
+        gateway = _median(self._gateway)
         return StepCosts(per_forward, per_token, fixed, verify_fixed, verify_per_token, gateway, *borrowed[:2],
                          draft_per_new_token=draft_new, verify_per_new_token=verify_new,
                          borrowed_per_new_token=borrowed[2],
@@ -375,10 +381,10 @@ class CostModel:
             if features[2] or features[1] != batch:         # prompts in it, or drafts verified
                 continue
             if batch not in own_median:
-                own = sorted(b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH)
-                own_median[batch] = own[len(own) // 2] if own else 0.0
+                own = [b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH]
+                own_median[batch] = _median(own) if own else 0.0
             if own_median[batch] > 0:
                 ratios.append(busy / own_median[batch])
         if len(ratios) < LENT_JUDGED:
             return None
-        return sorted(ratios)[len(ratios) // 2]
+        return _median(ratios)
