@@ -26,6 +26,8 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 
 STEP_RECORDS_KEPT = 100_000
 MIN_WAIT_S = 0.1        # never ask a service to wait less than this (scheduling alone can take it)
+SETTLED_CALLS = 16      # calls of a kind seen before its deadline leaves the start-up floor ...
+DRAFT_FLOOR_S = 2.0     # ... after which a drafter's calls are never given less than this
 T = TypeVar("T")
 
 
@@ -65,20 +67,31 @@ class Deadlines:
     prefills 32 of them took longer than ten of the decode steps before it, and failed the
     whole batch (found serving a 256M-parameter target at concurrency 64 on two cores). A
     call that misses its deadline fails with DEADLINE_EXCEEDED: a hung drafter leaves the
-    pool, a hung verifier fails its batch, and nothing waits for ever."""
+    pool, a hung verifier fails its batch, and nothing waits for ever.
+
+    A drafter's calls leave the start-up floor once SETTLED_CALLS of them were seen: their
+    least deadline is then DRAFT_FLOOR_S. Missing one costs little (the drafter leaves the
+    pool, its requests go on at k = 0 and it rejoins by itself), while every stream waits
+    for a hung one until its deadline: with the 30 s floor a drafter frozen mid-run held all
+    generation for 30 s. A verifier's calls keep the floor: missing one fails its batch."""
 
     def __init__(self, floor_s: float, factor: float = 10.0, window: int = 64) -> None:
         if not floor_s > 0 or not factor >= 1:
             raise ValueError(f"step timeout must be > 0 and factor >= 1, got {floor_s}, {factor}")
         self.floor_s, self.factor, self.window = floor_s, factor, window
         self._recent: dict[str, deque[float]] = {}
+        self._seen: Counter[str] = Counter()
 
     def observe(self, kind: str, seconds: float) -> None:
         self._recent.setdefault(kind, deque(maxlen=self.window)).append(seconds)
+        self._seen[kind] += 1
 
     def __call__(self, kind: str, predicted_s: float = 0.0) -> float:
         recent = self._recent.get(kind)
-        return max(self.floor_s, self.factor * max(recent or [0.0]), self.factor * predicted_s)
+        floor = self.floor_s
+        if kind == "draft" and self._seen[kind] >= SETTLED_CALLS:
+            floor = min(floor, DRAFT_FLOOR_S)
+        return max(floor, self.factor * max(recent or [0.0]), self.factor * predicted_s)
 
     def wait_s(self, kind: str, predicted_s: float = 0.0) -> float:
         """How long another service should wait for the outcome of such a call (a verify
@@ -275,4 +288,4 @@ class EngineCalls:
         if finished or dismiss:
             await guarded(drafter.stub.Step(
                 engine_pb2.DraftStepRequest(step_id=self.next_step_id(), finished=finished, dismiss=dismiss),
-                timeout=timeout_s or self.deadlines.floor_s), f"free on {drafter.address}")
+                timeout=timeout_s or self.deadlines("draft")), f"free on {drafter.address}")

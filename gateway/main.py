@@ -69,8 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-waiting", type=int, default=1024,
                         help="requests queued beyond the batches; more are refused with RESOURCE_EXHAUSTED")
     parser.add_argument("--step-timeout", type=float, default=30.0,
-                        help="least deadline of a call to the drafter or verifier, seconds; the deadline "
-                             "grows to 10x the slowest recent call")
+                        help="least deadline of a call to the verifier (and to a drafter until it has "
+                             "answered 16 calls, then 2 s), seconds; the deadline grows to 10x the slowest "
+                             "recent call or the cost model's prediction")
     parser.add_argument("--drain-timeout", type=float, default=30.0,
                         help="on SIGTERM, how long requests in flight may take to finish")
     parser.add_argument("--tokenizer", default="", help="model directory with tokenizer.json, or a Hugging Face "

@@ -13,6 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from minedraft import bundled
+from minedraft.client import Client
 from minedraft.launcher import Cluster, ServeConfig
 from minedraft.v1 import generation_pb2, generation_pb2_grpc
 from cluster_helpers import assert_idle
@@ -135,6 +136,26 @@ def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference, mode):
         results = _generate_all(cluster)
         _check(reference, results, "after SIGCONT")
         assert sum(r.stats.num_drafted for r in results) > 0
+        assert_idle(cluster, _pool(cluster))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_a_frozen_drafter_holds_streams_for_seconds_not_the_start_up_deadline(reference, mode):
+    """Under the default --step-timeout (30 s): once the drafter has answered a few calls, a
+    SIGSTOP mid-run holds the streams for a couple of seconds (its calls' least deadline is
+    2 s then), not for the 30 s a first call may take; nothing is lost."""
+    with Cluster(_config(step_timeout_s=ServeConfig.step_timeout_s, **MODES[mode])) as cluster:
+        with Client(cluster.address) as client:
+            while sum(s["kind"] == "draft" for s in client.step_stats(max_steps=100_000)) < 16:
+                _check(reference, _generate_all(cluster), "warm-up")
+        start = time.monotonic()
+        results = _generate_all(cluster, during=lambda: cluster.send_signal("drafter-0", signal.SIGSTOP))
+        held_s = time.monotonic() - start
+        _check(reference, results, "drafter SIGSTOP")
+        assert _pool(cluster) == []
+        assert held_s < 12, f"the streams took {held_s:.1f} s with the drafter frozen"
+        cluster.send_signal("drafter-0", signal.SIGCONT)
+        _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the drafter to rejoin")
         assert_idle(cluster, _pool(cluster))
 
 

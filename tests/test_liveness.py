@@ -10,7 +10,7 @@ import pytest
 from gateway_helpers import ClosableChannel, active_request
 
 from gateway.batch_manager import BatchManager, BatchManagerConfig, Overloaded
-from gateway.engine_calls import CallCancelled, Deadlines, call_status, guarded
+from gateway.engine_calls import DRAFT_FLOOR_S, SETTLED_CALLS, CallCancelled, Deadlines, call_status, guarded
 from gateway.liveness import supervise
 from gateway.pool import DrafterHandle, DrafterPool
 from gateway.request import ActiveRequest
@@ -56,6 +56,24 @@ def test_deadlines_grow_with_measured_calls_and_never_fall_below_the_floor():
     assert deadlines("draft") == 2.0
     with pytest.raises(ValueError):
         Deadlines(floor_s=0)
+
+
+def test_a_drafter_that_has_answered_enough_calls_gets_the_short_floor_and_the_verifier_never():
+    """A hung drafter holds every stream until its call's deadline: after start-up (the
+    first SETTLED_CALLS calls) a draft call's least deadline is DRAFT_FLOOR_S, not the
+    30 s start-up floor; the verifier's calls keep the floor (missing one fails a batch)."""
+    deadlines = Deadlines(floor_s=30.0, factor=10.0, window=4)
+    for _ in range(SETTLED_CALLS - 1):
+        deadlines.observe("draft", 0.01)
+        deadlines.observe("verify", 0.01)
+    assert deadlines("draft") == 30.0
+    deadlines.observe("draft", 0.01)
+    deadlines.observe("verify", 0.01)
+    assert deadlines("draft") == DRAFT_FLOOR_S < 30.0
+    assert deadlines("verify") == 30.0
+    assert deadlines("draft", predicted_s=1.0) == 10.0          # a long call still gets its time
+    deadlines.observe("draft", 0.5)
+    assert deadlines("draft") == 5.0
 
 
 def test_a_call_predicted_long_gets_a_deadline_to_match():
