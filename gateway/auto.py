@@ -48,7 +48,11 @@ SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this m
                             # new layout came back (two in flight in ar, one per batch in psd)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
-                            # switch drains the pipeline and drafting catches up: not free)
+                            # switch drains the pipeline and drafting catches up: not free) ...
+TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a drafting layout
+                            # costs one step's drain and no catch-up, and plain decoding is what
+                            # auto must never lose to (kept on the 10% margin, psd ran at 0.89
+                            # of plain decoding for the rest of a run at C = 8)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
 FIRST_EXPLORE_WITHIN = 0.75     # ... from this close while it was never measured (early in a run)
@@ -391,9 +395,10 @@ class AutoPlanner:
         return spells[-1].ended if spells else self._started
 
     def _layout_to_keep(self, best: Plan, running: int) -> str | None:
-        """The settled layout, unless the best is clearly better (no flapping on noise) or the
-        load is not the one it was chosen for, within a factor of two (sd settled for a wave's
-        last request, kept on the margin, prefilled the next wave's 64 prompts as one batch).
+        """The settled layout, unless the best is clearly better (no flapping on noise; plain
+        decoding need only be a little better, TO_PLAIN_MARGIN) or the load is not the one it
+        was chosen for, within a factor of two (sd settled for a wave's last request, kept on
+        the margin, prefilled the next wave's 64 prompts as one batch).
         A layout only being tried never counts as settled: after its trial it must win outright.
         Fewer requests than it was chosen for keep it for LOAD_DROP_S whatever the best: at a
         wave's end in a closed loop one request ran alone for a few milliseconds, sd was
@@ -403,7 +408,8 @@ class AutoPlanner:
         if (current is not None and self._fewer_since is not None
                 and time.monotonic() - self._fewer_since < LOAD_DROP_S):
             return self._settled
-        if (current is not None and best.layout != self._settled and best.tokens_per_s < current * SWITCH_MARGIN
+        margin = TO_PLAIN_MARGIN if best.layout == "ar" else SWITCH_MARGIN
+        if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
                 and _same_load(running, self._settled_for)):
             return self._settled
         return None

@@ -1063,3 +1063,24 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     planner._settled, planner._settled_for = "sd", 64
     assert planner._layout_to_keep(best, 48) == "sd"          # the same load: no flapping on 5%
     assert planner._layout_to_keep(best, 16) is None
+
+
+def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock, monkeypatch):
+    """psd settled; once plain decoding is predicted 5% faster at the same load it is chosen
+    (kept on the 10% switch margin, psd ran at 0.89 of plain decoding for a whole run).
+    The other way, and between drafting layouts, the 10% margin holds."""
+    from gateway import auto
+    from gateway.planner import Plan
+
+    def plan_of(rates: dict[str, float]) -> Plan:
+        layout = max(rates, key=rates.get)
+        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    planner._settled, planner._settled_for = "psd", 8
+    assert planner._layout_to_keep(plan_of({"ar": 105.0, "psd": 100.0, "sd": 80.0}), 8) is None
+    assert planner._layout_to_keep(plan_of({"ar": 101.0, "psd": 100.0, "sd": 80.0}), 8) == "psd"
+    assert planner._layout_to_keep(plan_of({"sd": 105.0, "psd": 100.0, "ar": 80.0}), 8) == "psd"
+    planner._settled = "ar"
+    assert planner._layout_to_keep(plan_of({"psd": 105.0, "ar": 100.0, "sd": 80.0}), 8) == "ar"
+    assert auto.TO_PLAIN_MARGIN < 1.05 < auto.SWITCH_MARGIN
