@@ -44,8 +44,11 @@ MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its 
 SLOWDOWN_PULL = (0.005, 0.05)  # s: the decoding and prefill slowdowns are pulled towards 1 as if
                             # by this much on time (a single prompt's prefill in a spell must not
                             # read as prefill's price)
-SETTLE_STEPS = {"ar": 2, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
-                            # new layout came back (two in flight in ar, one per batch in psd)
+SETTLE_STEPS = {"ar": 5, "sd": 1, "psd": 2}   # a switch has settled once this many steps of the
+                            # new layout came back (one per batch in psd; in plain decoding the
+                            # two in flight and three more: the first three steps on the lent
+                            # cores after drafting took twice their prediction at C = 64, and a
+                            # trial of plain decoding that counted them read it 1.3x slow)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free) ...
