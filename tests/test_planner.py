@@ -824,10 +824,10 @@ def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock):
     layout = planner.replan(requests, K_MAX).layout
     settle = auto.SETTLE_STEPS[layout]
     assert settle >= 2
-    for _ in range(3):                                  # three long spells, all but one step came back
+    for _ in range(3):                                  # three long spells, no step back yet
         clock[0] += 1.0
         planner.replan(requests, K_MAX)
-    for _ in range(settle - 1):
+    for _ in range(settle - 1):                         # all but one of the settling steps
         planner.observe_step(layout, 10, 0)
     clock[0] += 1.0
     planner.replan(requests, K_MAX)
@@ -1072,7 +1072,7 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     assert planner._layout_to_keep(best, 16) is None
 
 
-def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock, monkeypatch):
+def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
     """psd settled; once plain decoding is predicted 5% faster at the same load it is chosen
     (kept on the 10% switch margin, psd ran at 0.89 of plain decoding for a whole run).
     The other way, and between drafting layouts, the 10% margin holds."""
