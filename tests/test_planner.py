@@ -1005,8 +1005,9 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
         if planner._exploring is not None and plan.layout == planner._exploring[0]:
             trial_s += spell_s              # none of its steps comes back in time: it never settles
         else:
-            for _ in range(4):
-                planner.observe_step(plan.layout, round(plan.tokens_per_s * planner.slowdown(plan.layout) * spell_s / 4), 0)
+            for _ in range(STEPS_PER_SPELL):
+                planner.observe_step(plan.layout, round(plan.tokens_per_s * planner.slowdown(plan.layout) * spell_s
+                                                        / STEPS_PER_SPELL), 0)
         clock[0] += spell_s
     assert trial_s >= auto.EXPLORE_MAX_S, "never re-checked"
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
