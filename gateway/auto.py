@@ -159,9 +159,14 @@ class AutoPlanner:
         """Nothing is running: the spell in force ends now, measured up to its last step
         (the idle time that follows is no layout's), and the first one after it is not
         counted (the pipeline refills). Ended unmeasured, a layout serving one request after
-        another was never measured: each spell it was counted in ended idle."""
+        another was never measured: each spell it was counted in ended idle.
+        The first request after idling keeps the settled layout for LOAD_DROP_S, as any drop
+        in load does (_layout_to_keep): with the clock of a drop in the last wave's tail still
+        running, the first of the next wave was planned alone (sd, at C = 64), drafted, and
+        taught the acceptance estimate what started trials of psd and sd in the wave after."""
         self._end_spell(time.monotonic())
         self._steady = False
+        self._fewer_since = None
 
     def _end_spell(self, now: float) -> None:
         spell, self._spell = self._spell, None

@@ -1046,6 +1046,35 @@ def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch):
     assert ran == ["ar", "ar", "sd", "sd"]
 
 
+def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(clock, monkeypatch):
+    """A closed loop's wave ends (its last request alone for a while, then nothing runs); the
+    next wave's first request arrives alone a moment before the rest. It keeps the settled
+    layout: the drop's clock starts afresh after idling (run on the last wave's clock, the
+    first request was planned sd alone, drafted, and its acceptance started trials)."""
+    from gateway import auto
+    from gateway.planner import Plan
+
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
+        rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
+        rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
+        layout = max(rates, key=rates.get)
+        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+
+    monkeypatch.setattr(auto, "choose_plan", choose)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    four = [_active(i) for i in range(4)]
+    for wave in range(3):
+        assert planner.replan(four, K_MAX).layout == "ar"
+        clock[0] += 0.2
+        assert planner.replan(four[:1], K_MAX).layout == "ar"     # the wave's last request
+        clock[0] += auto.LOAD_DROP_S / 2
+        planner.idle()
+        clock[0] += 1.0                                             # nothing runs for a second
+        assert planner.replan(four[:1], K_MAX).layout == "ar"     # the next wave's first
+        clock[0] += 0.01
+    assert planner.layout_switches == 0
+
+
 def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monkeypatch):
     """sd settled for the last request of a wave is not kept for the next wave's 64 on the
     switch margin: psd, predicted 5% faster for them, is chosen at once (kept, sd prefilled a
