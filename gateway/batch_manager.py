@@ -51,7 +51,9 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
 PROFILE_DRAFTER_WAIT_S = 10.0   # auto mode's start-up profile waits this long for a first drafter
-LEND_RECHECK_S = 30.0           # lent cores measured to slow plain decoding are tried again after this
+LEND_RECHECK_S = 30.0           # lent cores measured to slow plain decoding are tried again after this;
+OWN_WINDOW = 8                  # while lending pays, this many plain steps run on the own cores as often,
+                                # so lending is judged beside steps of today's requests
 
 
 class BatchManager:
@@ -73,7 +75,9 @@ class BatchManager:
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
-        self._lend_trial_left = 0               # plain steps still to borrow in a re-check of lending
+        self._lend_trial_left = 0               # plain steps still to borrow in a re-check of lending ...
+        self._own_left = 0                      # ... or to run on the own cores in one of lending that pays
+        self._own_checked_at = time.monotonic()
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
         METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
@@ -337,8 +341,16 @@ class BatchManager:
     def _lend(self) -> bool:
         """Whether this plain step borrows the drafter's cores: while that was measured to pay
         (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
-        change of load or machine is noticed (docs/auto.md, "Same hardware, all of it")."""
+        change of load or machine is noticed (docs/auto.md, "Same hardware, all of it").
+        While it pays, OWN_WINDOW steps as often run on the own cores: lending is judged only
+        beside own-core steps that ran near the lent ones (CostModel._lending_judged)."""
         if self.planner.costs().lending_pays:
+            now = time.monotonic()
+            if self._own_left <= 0 and now - self._own_checked_at >= LEND_RECHECK_S:
+                self._own_left, self._own_checked_at = OWN_WINDOW, now
+            if self._own_left > 0:
+                self._own_left -= 1
+                return False
             return True
         if self._lend_trial_left <= 0 and time.monotonic() - self.planner.model.lent_observed_at < LEND_RECHECK_S:
             return False

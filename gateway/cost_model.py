@@ -41,7 +41,11 @@ LENT_JUDGED = 8             # lent-core decode calls, each beside own-core ones 
                             # lent cores are priced at most at the own cores' (the start-up profile
                             # measures two or three, each just after a switch, when threads wake)
 OWN_PLAIN_KEPT = 64         # own-core plain decode calls kept to judge lending by
-SAME_BATCH = 1.25           # batches within this factor of each other are compared
+SAME_BATCH = 1.25           # batches within this factor of each other are compared ...
+PAIRED_WITHIN_S = 3.0       # ... when they ran within this long of each other (the requests' contexts
+                            # alike: the start-up profile's short ones made own-core steps look
+                            # fast beside lent steps of real requests, and judged lending slower)
+OWN_PARTNERS = 3            # own-core calls a lent call needs beside it to be compared
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
@@ -212,7 +216,10 @@ class CostModel:
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
-        self._own_plain: deque[tuple[int, float]] = deque(maxlen=OWN_PLAIN_KEPT)   # (batch, busy), k = 0
+        # Plain decode calls (k = 0, no prompts) on each side: (when, batch, busy).
+        self._own_plain: deque[tuple[float, int, float]] = deque(maxlen=OWN_PLAIN_KEPT)
+        self._lent_plain: deque[tuple[float, int, float]] = deque(maxlen=LENT_WINDOW)
+        self._lending_verdict: float | None = None     # the latest judgement (see _lending_judged)
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
@@ -282,15 +289,19 @@ class CostModel:
             self._track(self.costs().verify(ks, new_tokens, borrowed) if predicted is None else predicted, busy_s)
             self._changes += 1
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
+            now = time.monotonic()
+            plain = not new_tokens and not any(ks)
             if borrowed:
-                self.lent_observed_at = time.monotonic()
+                self.lent_observed_at = now
                 self._lent.append((features, busy_s))
                 if new_tokens:
                     self._lent_prefills.append((features, busy_s))
+                if plain:
+                    self._lent_plain.append((now, len(ks), busy_s))
             else:
                 self._verify.observe(features, busy_s)
-                if not new_tokens and not any(ks):
-                    self._own_plain.append((len(ks), busy_s))
+                if plain:
+                    self._own_plain.append((now, len(ks), busy_s))
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -372,19 +383,26 @@ class CostModel:
                          lending_judged=judged)
 
     def _lending_judged(self) -> float | None:
-        """The median, over recent lent-core decode calls, of each one's busy time over the
-        median of own-core plain decode calls of about its batch (within SAME_BATCH); None
-        until LENT_JUDGED calls have such a partner."""
-        ratios, own_median = [], {}           # (asked at every step: one median per batch seen)
-        for features, busy in self._lent:
-            batch = features[3]
-            if features[2] or features[1] != batch:         # prompts in it, or drafts verified
-                continue
-            if batch not in own_median:
-                own = [b for n, b in self._own_plain if batch / SAME_BATCH <= n <= batch * SAME_BATCH]
-                own_median[batch] = _median(own) if own else 0.0
-            if own_median[batch] > 0:
-                ratios.append(busy / own_median[batch])
-        if len(ratios) < LENT_JUDGED:
-            return None
-        return _median(ratios)
+        """The median, over recent lent-core plain decode calls, of each one's busy time over
+        the median of the own-core plain decode calls of about its batch (within SAME_BATCH)
+        that ran within PAIRED_WITHIN_S of it (at least OWN_PARTNERS of them): steps of the
+        same requests on either side. Judged afresh once LENT_JUDGED calls have such
+        partners; until then the last judgement stands (None: never judged). Own-core plain
+        steps are rare while lending pays: the Batch Manager runs a few now and then
+        (BatchManager._lend)."""
+        if len(self._lent_plain) < LENT_JUDGED:
+            return self._lending_verdict
+        # (asked at every step: while lending pays, no own-core call is near and this ends here)
+        first, last = self._lent_plain[0][0] - PAIRED_WITHIN_S, self._lent_plain[-1][0] + PAIRED_WITHIN_S
+        near = [(t, n, b) for t, n, b in self._own_plain if first <= t <= last]
+        if len(near) < OWN_PARTNERS:
+            return self._lending_verdict
+        ratios = []
+        for when, batch, busy in self._lent_plain:
+            own = [b for t, n, b in near
+                   if abs(t - when) <= PAIRED_WITHIN_S and batch / SAME_BATCH <= n <= batch * SAME_BATCH]
+            if len(own) >= OWN_PARTNERS:
+                ratios.append(busy / _median(own))
+        if len(ratios) >= LENT_JUDGED:
+            self._lending_verdict = _median(ratios)
+        return self._lending_verdict

@@ -488,10 +488,12 @@ def test_lent_cores_cost_the_own_cores_times_robust_ratios():
 
 def _lent_model(ratio: float) -> tuple[CostModel, StepCosts]:
     """A model whose lent-core decode steps took `ratio` times the own cores' time."""
+    from gateway.cost_model import OWN_PARTNERS
+
     model = CostModel()
     own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0, verify_per_request=0.0001)
     for n in (1, 4, 16, 32):
-        for k in (0, 2):
+        for k in (0,) * OWN_PARTNERS + (2,):
             model.observe_verify([k] * n, own.verify([k] * n))
     for n in (1, 4, 16, 32, 8) * 2:
         model.observe_verify([0] * n, ratio * own.verify([0] * n), borrowed=True)
@@ -517,11 +519,11 @@ def test_a_few_slow_lent_calls_do_not_judge_lending():
     slow ones once priced plain decoding 1.4x dearer and turned lending off for the rest of a
     run (auto ran sd at C = 1, 0.87x of plain decoding on both cores). Until LENT_JUDGED calls
     are measured, a ratio above 1 counts as 1; past that, it is the median's."""
-    from gateway.cost_model import LENT_JUDGED
+    from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS
 
     model = CostModel()
     own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0)
-    for n in (1, 4, 16, 32):
+    for n in (1, 4, 16, 32) * OWN_PARTNERS:
         model.observe_verify([0] * n, own.verify([0] * n))
     for _ in range(LENT_JUDGED - 1):
         model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
@@ -551,11 +553,11 @@ def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_f
     costs = model.costs()
     assert costs.lending_judged is None and costs.lending_pays
     assert costs.plain_verify([0] * 4) <= costs.verify([0] * 4) * 1.001
-    for n in (4, 5, 16):                                    # plain decoding on one core: dearer still
+    for n in (4, 5, 16) * 3:                                # plain decoding on one core: dearer still
         model.observe_verify([0] * n, 2.0 * own.verify([0] * n))
     costs = model.costs()
     assert costs.lending_judged == pytest.approx(0.65, rel=0.05) and costs.lending_pays
-    for n in (4, 16) * 3:                                   # ... or cheaper: lending loses
+    for n in (4, 16) * 8:                                   # ... or cheaper: lending loses
         model.observe_verify([0] * n, 0.5 * own.verify([0] * n))
     costs = model.costs()
     assert costs.lending_judged > 1.5 and not costs.lending_pays
@@ -569,20 +571,72 @@ def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_f
     assert not AutoPlanner(K_MAX).describe(planning=False)[0].HasField("lending_judged")
 
 
+def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypatch):
+    """The start-up profile's own-core steps, on short synthetic prompts, ran faster than
+    lent steps of real requests seconds later, and lending was judged slower (auto decoded on
+    one core at 0.72 of fixed ar). A lent step is compared only with own-core steps within
+    PAIRED_WITHIN_S of it; a judgement stands until enough such pairs judge afresh."""
+    from gateway import cost_model
+    from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS, PAIRED_WITHIN_S
+
+    now = [100.0]
+    monkeypatch.setattr(cost_model.time, "monotonic", lambda: now[0])
+    model = CostModel()
+    for _ in range(OWN_PARTNERS):                           # the profile: short contexts, fast
+        model.observe_verify([0] * 8, 0.004)
+    now[0] += 2 * PAIRED_WITHIN_S
+    for _ in range(2 * LENT_JUDGED):                        # real requests on the lent cores
+        model.observe_verify([0] * 8, 0.006, borrowed=True)
+    assert model.costs().lending_judged is None and model.costs().lending_pays
+    for _ in range(OWN_PARTNERS):                           # the same requests on the own cores
+        model.observe_verify([0] * 8, 0.009)
+    assert model.costs().lending_judged == pytest.approx(0.006 / 0.009)
+    now[0] += 10 * PAIRED_WITHIN_S                          # lending on, no own-core step near:
+    for _ in range(2 * LENT_JUDGED):                        # the judgement stands
+        model.observe_verify([0] * 8, 0.007, borrowed=True)
+    assert model.costs().lending_judged == pytest.approx(0.006 / 0.009)
+    for _ in range(OWN_PARTNERS):                           # judged afresh beside new own steps
+        model.observe_verify([0] * 8, 0.0056)
+    assert model.costs().lending_judged == pytest.approx(1.25) and not model.costs().lending_pays
+
+
+def _auto_manager():
+    from gateway import batch_manager
+    from gateway.batch import BatchManagerConfig
+    from gateway.pool import DrafterPool
+    from minedraft.v1 import engine_pb2
+
+    return batch_manager.BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=1000,
+                                                         block_size=16, step_timeout_s=5.0),
+                                      None, DrafterPool(engine_pb2.EngineInfo(data_plane="gloo")))
+
+
+def test_while_lending_pays_a_few_plain_steps_run_on_the_own_cores_now_and_then(monkeypatch):
+    """Own-core plain steps are what lending is judged beside, and while it pays none run
+    otherwise: every LEND_RECHECK_S, OWN_WINDOW of them."""
+    from gateway import batch_manager
+
+    now = [100.0]
+    monkeypatch.setattr(batch_manager.time, "monotonic", lambda: now[0])
+    manager = _auto_manager()
+    manager.planner.model, _ = _lent_model(0.6)
+    assert manager.planner.costs().lending_pays
+    assert all(manager._lend() for _ in range(100))
+    for _ in range(3):
+        now[0] += batch_manager.LEND_RECHECK_S + 1
+        lent = [manager._lend() for _ in range(100)]
+        assert lent == [False] * batch_manager.OWN_WINDOW + [True] * (100 - batch_manager.OWN_WINDOW)
+
+
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     """Plain steps stop borrowing once lending was measured slower, and borrow again for a
     window of steps (enough to renew the measured ratio) every LEND_RECHECK_S."""
     from gateway import batch_manager
-    from gateway.batch import BatchManagerConfig
     from gateway.cost_model import LENT_WINDOW
-    from gateway.pool import DrafterPool
-    from minedraft.v1 import engine_pb2
 
-    manager = batch_manager.BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=1000,
-                                                            block_size=16, step_timeout_s=5.0),
-                                         None, DrafterPool(engine_pb2.EngineInfo(data_plane="gloo")))
     now = [100.0]
     monkeypatch.setattr(batch_manager.time, "monotonic", lambda: now[0])
+    manager = _auto_manager()
     assert manager._lend()                                          # never measured: lend
     manager.planner.model, _ = _lent_model(1.4)
     manager.planner.model.lent_observed_at = 100.0
@@ -593,6 +647,7 @@ def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     manager.planner.model.lent_observed_at = now[0]                 # (its steps came back)
     assert not manager._lend()                                      # ... and no more
     manager.planner.model, _ = _lent_model(0.6)
+    manager._own_checked_at = now[0]                                # (no own-core window due now)
     assert manager._lend()
 
 
