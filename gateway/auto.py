@@ -58,7 +58,7 @@ TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a d
                             # of plain decoding for the rest of a run at C = 8)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
-FIRST_EXPLORE_WITHIN = 0.75     # ... from this close while it was never measured (early in a run)
+FIRST_EXPLORE_WITHIN = 0.6      # ... from this close while it was never measured (early in a run)
 EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
 LOAD_DROP_S = 0.25          # fewer requests than the settled layout was chosen for: kept this long
                             # before the choice follows (a closed loop's wave ends, the next begins)
@@ -362,7 +362,9 @@ class AutoPlanner:
             # below what it delivered, so psd ran at 0.83 of it), and a first measurement is
             # best made early, while the server starts (with 0.9, predictions drifting near
             # it started psd's and sd's first trials in the 6th second at C = 4, a quarter
-            # of a short run).
+            # of a short run; with 0.75, psd predicted at 0.72 of plain decoding on the
+            # acceptance prior was first tried 5 s into the bench's warm-up at C = 8, and
+            # the trials and what they taught moved into the 3 s measured run).
             unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
             if rate * max(1.0, self.slowdown(layout) / best_slowdown) < within * best.tokens_per_s:
