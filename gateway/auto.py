@@ -68,9 +68,12 @@ RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for 
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
-EXPLORE_SHARE = 0.05        # trials of layouts measured before take at most this share of the time
-                            # requests ran (each costs two switches and runs a layout likely worse),
-EXPLORE_WINDOW_S = 60.0     # of about the last this long (an hour without trials earns no burst)
+EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most this share of the time
+                            # requests ran (each costs two switches and runs a layout likely worse:
+                            # what trials cost must stay well inside the 3% auto may lose to the
+                            # best fixed setting; at 5%, re-checks took 5-10% of short bench runs),
+EXPLORE_WINDOW_S = 120.0    # of about the last this long (an hour without trials earns no burst;
+                            # long enough that a trial of EXPLORE_MAX_S fits in the share)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 

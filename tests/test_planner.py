@@ -356,6 +356,15 @@ def no_first_trial_of_sd(monkeypatch):
 
 
 @pytest.fixture
+def budget_of_5_percent(monkeypatch):
+    """For tests of when re-checks come, not of how much time they may take: a budget that
+    allows one within their few simulated seconds."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_SHARE", 0.05)
+
+
+@pytest.fixture
 def clock(monkeypatch):
     from gateway import auto
 
@@ -696,7 +705,7 @@ def test_the_workload_ratio_of_prompt_to_output_tokens():
     assert model.prompt_per_output() == pytest.approx(64 * 90 / (63 * 32 + 64))
 
 
-def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_predicted_never(clock, no_first_trial_of_sd):
+def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_predicted_never(clock, no_first_trial_of_sd, budget_of_5_percent):
     """A model wrong about a layout auto no longer runs would never learn better: psd, the
     best as predicted but measured delivering 0.6 of it, is left, then tried again after a
     while, twice as long later while it keeps losing. Plain decoding, predicted at 0.75-0.9
@@ -946,7 +955,7 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch, n
     assert planner.prefill_slowdown(layout) == pytest.approx(2.0, rel=0.1)
 
 
-def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock, monkeypatch, no_first_trial_of_sd):
+def test_a_layout_measured_for_a_moment_is_rechecked_soon_and_judged_afresh(clock, monkeypatch, no_first_trial_of_sd, budget_of_5_percent):
     """A layout measured only briefly (say in the burst of a run's start) is re-checked after
     RECHECK_PER_MEASURED times as long as it ran, not RECHECK_AFTER_S; the re-check's own
     measurement then replaces the old one instead of being averaged with it."""
@@ -1012,7 +1021,7 @@ def test_re_checks_take_a_bounded_share_of_the_time(clock, monkeypatch, no_first
     assert _run_for(planner, clock, requests, spell_s, delivered=1.0) == ["sd"]
 
 
-def test_a_layouts_first_measurement_does_not_spend_the_trial_budget(clock):
+def test_a_layouts_first_measurement_does_not_spend_the_trial_budget(clock, budget_of_5_percent):
     """The first trials of the contenders, at the start of a run, measure them below their
     prediction (a trial's draft lengths still move as acceptance is learned): re-checks must
     still come once the budget of re-checks allows, not only after the first trials' time
@@ -1062,7 +1071,7 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
     from gateway import auto
 
     planner, requests = _settled_in_psd_the_others_measured_briefly(clock, monkeypatch)
-    spell_s, spells, trial_s = 0.1, 600, 0.0
+    spell_s, spells, trial_s = 0.1, 1800, 0.0
     for _ in range(spells):
         planner._recheck_after.clear()      # every re-check is due at its shortest
         plan = planner.replan(requests, K_MAX)
