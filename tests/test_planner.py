@@ -595,7 +595,7 @@ def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypat
     one core at 0.72 of fixed ar). A lent step is compared only with own-core steps within
     PAIRED_WITHIN_S of it; a judgement stands until enough such pairs judge afresh."""
     from gateway import cost_model
-    from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS, PAIRED_WITHIN_S
+    from gateway.cost_model import LENT_JUDGED, LENT_WINDOW, OWN_PARTNERS, PAIRED_WITHIN_S
 
     now = [100.0]
     monkeypatch.setattr(cost_model.time, "monotonic", lambda: now[0])
@@ -610,7 +610,7 @@ def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypat
         model.observe_verify([0] * 8, 0.009)
     assert model.costs().lending_judged == pytest.approx(0.006 / 0.009)
     now[0] += 10 * PAIRED_WITHIN_S                          # lending on, no own-core step near:
-    for _ in range(2 * LENT_JUDGED):                        # the judgement stands
+    for _ in range(LENT_WINDOW):                            # the judgement stands
         model.observe_verify([0] * 8, 0.007, borrowed=True)
     assert model.costs().lending_judged == pytest.approx(0.006 / 0.009)
     for _ in range(OWN_PARTNERS):                           # judged afresh beside new own steps
