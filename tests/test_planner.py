@@ -9,7 +9,7 @@ import random
 import pytest
 
 from gateway.cost_model import CostModel, LinearFit, StepCosts
-from gateway.planner import PlanRequest, choose_plan, expected_max, layout_step_s
+from gateway.planner import Plan, PlanRequest, choose_plan, expected_max, layout_step_s
 from minedraft.constants import LAYOUTS
 
 K_MAX = 8
@@ -1086,20 +1086,21 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
 
 
+def _sd_alone_plain_decoding_for_more(costs, wanted, k_cap, layouts=LAYOUTS, **_) -> Plan:
+    """A stand-in for choose_plan: sd best for one request, plain decoding for more."""
+    rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
+    rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
+    layout = max(rates, key=rates.get)
+    return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+
+
 def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch):
     """Plain decoding settled for four requests; at a wave's end one runs alone, and sd is
     best for it. For LOAD_DROP_S the layout stays (the next wave comes within milliseconds);
     a drop that lasts is followed."""
     from gateway import auto
-    from gateway.planner import Plan
 
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
-        rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
-        rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
-        layout = max(rates, key=rates.get)
-        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
-
-    monkeypatch.setattr(auto, "choose_plan", choose)
+    monkeypatch.setattr(auto, "choose_plan", _sd_alone_plain_decoding_for_more)
     monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
     monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
@@ -1125,15 +1126,8 @@ def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(c
     layout: the drop's clock starts afresh after idling (run on the last wave's clock, the
     first request was planned sd alone, drafted, and its acceptance started trials)."""
     from gateway import auto
-    from gateway.planner import Plan
 
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
-        rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
-        rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
-        layout = max(rates, key=rates.get)
-        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
-
-    monkeypatch.setattr(auto, "choose_plan", choose)
+    monkeypatch.setattr(auto, "choose_plan", _sd_alone_plain_decoding_for_more)
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
     four = [_active(i) for i in range(4)]
     for wave in range(3):
@@ -1153,7 +1147,6 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     switch margin: psd, predicted 5% faster for them, is chosen at once (kept, sd prefilled a
     burst of 64 prompts as one batch). At the load it was chosen for, the margin holds."""
     from gateway import auto
-    from gateway.planner import Plan
 
     def rates_for(n: int) -> dict[str, float]:
         return {"sd": 100.0, "ar": 40.0, "psd": 40.0} if n == 1 else {"psd": 100.0, "sd": 95.0, "ar": 50.0}
@@ -1180,7 +1173,6 @@ def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
     (kept on the 10% switch margin, psd ran at 0.89 of plain decoding for a whole run).
     The other way, and between drafting layouts, the 10% margin holds."""
     from gateway import auto
-    from gateway.planner import Plan
 
     def plan_of(rates: dict[str, float]) -> Plan:
         layout = max(rates, key=rates.get)
