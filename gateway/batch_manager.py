@@ -343,7 +343,7 @@ class BatchManager:
         (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
         change of load or machine is noticed (docs/auto.md, "Same hardware, all of it").
         While it pays, OWN_WINDOW steps as often run on the own cores: lending is judged only
-        beside own-core steps that ran near the lent ones (CostModel._lending_judged)."""
+        beside own-core steps that ran near the lent ones (CostModel._judge_lending)."""
         if self.planner.costs().lending_pays:
             now = time.monotonic()
             if self._own_left <= 0 and now - self._own_checked_at >= LEND_RECHECK_S:

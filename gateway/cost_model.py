@@ -219,7 +219,7 @@ class CostModel:
         # Plain decode calls (k = 0, no prompts) on each side: (when, batch, busy).
         self._own_plain: deque[tuple[float, int, float]] = deque(maxlen=OWN_PLAIN_KEPT)
         self._lent_plain: deque[tuple[float, int, float]] = deque(maxlen=LENT_WINDOW)
-        self._lending_verdict: float | None = None     # the latest judgement (see _lending_judged)
+        self._lending_judged: float | None = None      # the latest judgement (see _judge_lending)
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
@@ -302,6 +302,8 @@ class CostModel:
                 self._verify.observe(features, busy_s)
                 if plain:
                     self._own_plain.append((now, len(ks), busy_s))
+            if plain:
+                self._judge_lending()
 
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
         self._gateway.append(max(0.0, wall_s - busy_s))
@@ -366,7 +368,7 @@ class CostModel:
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
-        judged = self._lending_judged()
+        judged = self._lending_judged
         if ratios is not None:
             lent_ratio, prefill_ratio = ratios
             if judged is None or judged <= 1.0:
@@ -382,21 +384,21 @@ class CostModel:
                          jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio,
                          lending_judged=judged)
 
-    def _lending_judged(self) -> float | None:
-        """The median, over recent lent-core plain decode calls, of each one's busy time over
-        the median of the own-core plain decode calls of about its batch (within SAME_BATCH)
-        that ran within PAIRED_WITHIN_S of it (at least OWN_PARTNERS of them): steps of the
-        same requests on either side. Judged afresh once LENT_JUDGED calls have such
-        partners; until then the last judgement stands (None: never judged). Own-core plain
-        steps are rare while lending pays: the Batch Manager runs a few now and then
-        (BatchManager._lend)."""
+    def _judge_lending(self) -> None:
+        """Judged after each plain decode call, lent or not (only those change it): the median,
+        over recent lent-core plain decode calls, of each one's busy time over the median of
+        the own-core plain decode calls of about its batch (within SAME_BATCH) that ran within
+        PAIRED_WITHIN_S of it (at least OWN_PARTNERS of them): steps of the same requests on
+        either side. Judged afresh once LENT_JUDGED calls have such partners; until then the
+        last judgement stands (None: never judged). Own-core plain steps are rare while
+        lending pays: the Batch Manager runs a few now and then (BatchManager._lend)."""
         if len(self._lent_plain) < LENT_JUDGED:
-            return self._lending_verdict
-        # (asked at every step: while lending pays, no own-core call is near and this ends here)
+            return
+        # (after every lent step: while lending pays, no own-core call is near and this ends here)
         first, last = self._lent_plain[0][0] - PAIRED_WITHIN_S, self._lent_plain[-1][0] + PAIRED_WITHIN_S
         near = [(t, n, b) for t, n, b in self._own_plain if first <= t <= last]
         if len(near) < OWN_PARTNERS:
-            return self._lending_verdict
+            return
         ratios = []
         for when, batch, busy in self._lent_plain:
             own = [b for t, n, b in near
@@ -404,5 +406,4 @@ class CostModel:
             if len(own) >= OWN_PARTNERS:
                 ratios.append(busy / _median(own))
         if len(ratios) >= LENT_JUDGED:
-            self._lending_verdict = _median(ratios)
-        return self._lending_verdict
+            self._lending_judged = _median(ratios)
