@@ -134,6 +134,9 @@ class AutoPlanner:
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried) ...
         self._settled_for = 0           # ... for this many requests
         self._fewer_since: float | None = None      # when fewer than that began running
+        # The layout settled for the most requests since the last idle spell (the body of a
+        # wave, not its tail), and for how many: what the next wave starts from.
+        self._wave_settled: tuple[str, int] | None = None
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
@@ -166,10 +169,19 @@ class AutoPlanner:
         The first request after idling keeps the settled layout for LOAD_DROP_S, as any drop
         in load does (_layout_to_keep): with the clock of a drop in the last wave's tail still
         running, the first of the next wave was planned alone (sd, at C = 64), drafted, and
-        taught the acceptance estimate what started trials of psd and sd in the wave after."""
+        taught the acceptance estimate what started trials of psd and sd in the wave after.
+        What it keeps is the layout settled for the wave's body, not its tail: after the tail
+        had settled on sd for its last two requests, the next wave of eight, another load,
+        was planned afresh and ran psd, predicted 3% above plain decoding, for 0.4-1.2 s of
+        the bench's 2 s run at C = 8 (0.90-0.93 of the rounds that kept plain decoding)
+        before psd's measurement put it back below. Kept, plain decoding stays unless psd is
+        predicted SWITCH_MARGIN faster."""
         self._end_spell(time.monotonic())
         self._steady = False
         self._fewer_since = None
+        if self._wave_settled is not None:
+            self._settled, self._settled_for = self._wave_settled
+            self._wave_settled = None
 
     def _end_spell(self, now: float) -> None:
         spell, self._spell = self._spell, None
@@ -298,6 +310,8 @@ class AutoPlanner:
                 kept = self._layout_to_keep(best, len(requests))
                 if kept is None:
                     self._settled, self._settled_for = best.layout, len(requests)
+                if self._wave_settled is None or len(requests) >= self._wave_settled[1]:
+                    self._wave_settled = (self._settled, len(requests))
                 self._recheck_after.pop(self._settled, None)
             if not _same_load(len(requests), self._recheck_load):            # the load moved: re-check
                 self._recheck_after.clear()                                     # at the usual pace

@@ -1142,6 +1142,41 @@ def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(c
     assert planner.layout_switches == 0
 
 
+def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(clock, monkeypatch):
+    """A wave of eight settles on plain decoding; its tail (two requests for a while) settles
+    on sd. After idling, the next wave of eight is planned from plain decoding, the body's
+    layout: psd, predicted 3% faster now, is no reason to switch (from the tail's sd, the
+    eight were another load and psd ran at once); predicted clearly faster, it is chosen."""
+    from gateway import auto
+
+    rates = {8: {"ar": 100.0, "psd": 97.0, "sd": 80.0}, 2: {"sd": 100.0, "psd": 85.0, "ar": 80.0}}
+
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
+        considered = {layout: rate for layout, rate in rates[8 if len(wanted) > 2 else 2].items() if layout in layouts}
+        layout = max(considered, key=considered.get)
+        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
+
+    monkeypatch.setattr(auto, "choose_plan", choose)
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)            # no trials: the choice alone is tested
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    eight = [_active(i) for i in range(8)]
+    assert planner.replan(eight, K_MAX).layout == "ar"
+    clock[0] += 1.0
+    assert planner.replan(eight[:2], K_MAX).layout == "ar"          # the tail: kept for LOAD_DROP_S ...
+    clock[0] += 2 * auto.LOAD_DROP_S
+    assert planner.replan(eight[:2], K_MAX).layout == "sd"          # ... then followed
+    planner.idle()
+    clock[0] += 1.0
+    rates[8]["psd"] = 103.0
+    assert planner.replan(eight[:1], K_MAX).layout == "ar"          # the next wave's first request
+    clock[0] += 0.01
+    assert planner.replan(eight, K_MAX).layout == "ar"
+    clock[0] += 1.0
+    rates[8]["psd"] = 120.0
+    assert planner.replan(eight, K_MAX).layout == "psd"
+
+
 def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monkeypatch):
     """sd settled for the last request of a wave is not kept for the next wave's 64 on the
     switch margin: psd, predicted 5% faster for them, is chosen at once (kept, sd prefilled a
