@@ -49,13 +49,6 @@ SETTLE_STEPS = {"ar": 5, "sd": 1, "psd": 2}   # a switch has settled once this m
                             # two in flight and three more: the first three steps on the lent
                             # cores after drafting took twice their prediction at C = 64, and a
                             # trial of plain decoding that counted them read it 1.3x slow)
-SPELL_NOISE = 0.05          # the relative spread of a layout's measured rate over one second of its
-                            # running; over T seconds SPELL_NOISE / sqrt(T). Leaving the settled
-                            # layout for a drafting one needs this much more, for both measurements
-                            # (at C = 2 the three layouts' rates, read from spells of 0.2-0.6 s,
-                            # swung 10-20% between plans a fifth of a second apart, and auto moved
-                            # from plain decoding to sd or psd predicted 11% faster, measured
-                            # them slower and moved back, 0.86-0.92 of fixed `ar` in those runs)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free) ...
@@ -437,27 +430,16 @@ class AutoPlanner:
         Fewer requests than it was chosen for keep it for LOAD_DROP_S whatever the best: at a
         wave's end in a closed loop one request ran alone for a few milliseconds, sd was
         best for it, and every wave paid two switches (the pipeline drained, the drafter
-        caught up, the lent cores handed back).
-        A drafting layout must also lead by more than its and the settled layout's
-        measurements may be off (_doubt): a lead read from a moment of measurement is noise."""
+        caught up, the lent cores handed back)."""
         current = best.considered.get(self._settled)
         if (current is not None and self._fewer_since is not None
                 and time.monotonic() - self._fewer_since < LOAD_DROP_S):
             return self._settled
-        margin = TO_PLAIN_MARGIN if best.layout == "ar" else SWITCH_MARGIN * self._doubt(best.layout)
+        margin = TO_PLAIN_MARGIN if best.layout == "ar" else SWITCH_MARGIN
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
                 and _same_load(running, self._settled_for)):
             return self._settled
         return None
-
-    def _doubt(self, layout: str) -> float:
-        """1 + how far the rates of `layout` and of the settled layout may be off from their
-        measurements' length alone (SPELL_NOISE; never read from less than MEASURED_ENOUGH_S).
-        Held against drafting layouts only: plain decoding is what auto must never lose to,
-        and it is left for another layout only on a lead that noise does not explain."""
-        def per_second(name: str) -> float:            # a rate's variance, in SPELL_NOISE^2
-            return 1.0 / max(MEASURED_ENOUGH_S, self._measured_s(name))
-        return 1.0 + SPELL_NOISE * math.sqrt(per_second(layout) + per_second(self._settled))
 
     def draft_length(self, req: ActiveRequest, k_cap: int) -> int:
         """The request's k this step: the plan's rule applied to its acceptance so far."""

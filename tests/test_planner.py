@@ -1173,7 +1173,7 @@ def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_no
     clock[0] += 0.01
     assert planner.replan(eight, K_MAX).layout == "ar"
     clock[0] += 1.0
-    rates[8]["psd"] = 130.0
+    rates[8]["psd"] = 120.0
     assert planner.replan(eight, K_MAX).layout == "psd"
 
 
@@ -1201,30 +1201,6 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     planner._settled, planner._settled_for = "sd", 64
     assert planner._layout_to_keep(best, 48) == "sd"          # the same load: no flapping on 5%
     assert planner._layout_to_keep(best, 16) is None
-
-
-def test_plain_decoding_is_left_only_on_a_lead_its_measurements_noise_does_not_explain(clock):
-    """Plain decoding settled and measured for 10 s; psd predicted 15% faster. Measured for a
-    moment (0.3 s), that lead is within what so short a measurement may be off: plain decoding
-    stays. Measured for 10 s, the same lead is believed. Back to plain decoding, the small
-    margin alone holds, however briefly psd was measured."""
-    def plan_of(rates: dict[str, float]) -> Plan:
-        layout = max(rates, key=rates.get)
-        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
-
-    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
-    eight = [_active(i) for i in range(8)]
-    planner._measured["ar"].append(_measured_spell(planner, eight, "ar", clock[0], 10.0, 10.0))
-    planner._measured["psd"].append(_measured_spell(planner, eight, "psd", clock[0], 0.3, 0.3))
-    planner._settled, planner._settled_for = "ar", 8
-    psd_ahead = plan_of({"psd": 115.0, "ar": 100.0, "sd": 80.0})
-    assert planner._layout_to_keep(psd_ahead, 8) == "ar"
-    planner._measured["psd"].append(_measured_spell(planner, eight, "psd", clock[0] + 1, 9.7, 9.7))
-    assert planner._layout_to_keep(psd_ahead, 8) is None
-    planner._measured["psd"].clear()
-    planner._measured["psd"].append(_measured_spell(planner, eight, "psd", clock[0], 0.3, 0.3))
-    planner._settled = "psd"
-    assert planner._layout_to_keep(plan_of({"ar": 103.0, "psd": 100.0}), 8) is None
 
 
 def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
