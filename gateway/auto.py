@@ -74,6 +74,13 @@ EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most thi
                             # best fixed setting; at 5%, re-checks took 5-10% of short bench runs),
 EXPLORE_WINDOW_S = 120.0    # of about the last this long (an hour without trials earns no burst;
                             # long enough that a trial of EXPLORE_MAX_S fits in the share)
+HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen again on the model's
+                            # word at about the load it was left at for this long, unless measured
+                            # since (a re-check): at C = 2 the three layouts' rates, read from spells
+                            # of 0.2-0.6 s, swung 10-20% between plans a fifth of a second apart, and
+                            # auto went from plain decoding to sd or psd predicted 11% ahead, measured
+                            # them slower, went back, and chose them again half a second later
+                            # (0.86-0.92 of fixed `ar` in those runs)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
@@ -137,6 +144,9 @@ class AutoPlanner:
         # The layout settled for the most requests since the last idle spell (the body of a
         # wave, not its tail), and for how many: what the next wave starts from.
         self._wave_settled: tuple[str, int] | None = None
+        # Per drafting layout, when the plan last moved off it for another settled layout, and
+        # the requests running then (see HELD_BACK_S).
+        self._left: dict[str, tuple[float, int]] = {}
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
@@ -300,6 +310,12 @@ class AutoPlanner:
             switch_s = self._switch_s(requests)
             best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, switch_s=switch_s,
                                horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
+            if self._held_back(best.layout, len(requests), now):
+                others = tuple(layout for layout in best.considered
+                               if not self._held_back(layout, len(requests), now))
+                best = replace(choose_plan(self.costs(), wanted, k_cap, layouts=others, slowdown=slowdown,
+                                           switch_s=switch_s, horizon_s=SWITCH_HORIZON_S,
+                                           prefill_slowdown=prefill_slowdown), considered=best.considered)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
             trying = None if moved else self._layout_to_try(best)
             if len(requests) >= self._settled_for:
@@ -328,6 +344,8 @@ class AutoPlanner:
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
+            if self.plan.layout != "ar" and not self._exploring:      # (setting a layout aside for a
+                self._left[self.plan.layout] = (now, len(requests))     # trial is not leaving it)
         if requests and not self.cycle_steps:
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
                                  plan.decode_tokens_per_s * plan.step_s, counted=self._steady and not self._settling)
@@ -340,6 +358,14 @@ class AutoPlanner:
                         f"; trying {self._exploring[0]}" if self._exploring else "")
         self.plan = plan
         return plan
+
+    def _held_back(self, layout: str, running: int, now: float) -> bool:
+        """Whether `layout` is not to be chosen on the model's word now: a drafting layout the
+        plan moved off less than HELD_BACK_S ago at about this load, and not measured since
+        (a re-check that measured it lifts this). Never the settled layout."""
+        left = self._left.get(layout)
+        return (left is not None and layout != self._settled and now - left[0] < HELD_BACK_S
+                and _same_load(running, left[1]) and self._last_measured(layout) <= left[0])
 
     def _switch_s(self, requests: list[ActiveRequest]) -> dict[str, float]:
         """What moving from plain decoding to a drafting layout costs once: the drafter

@@ -1203,6 +1203,48 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     assert planner._layout_to_keep(best, 16) is None
 
 
+def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_measured_or_a_while_later(clock, monkeypatch):
+    """psd, predicted 12% ahead, is chosen, then predicted below plain decoding (as once
+    measured) and left. Predicted 12% ahead again half a second later, it stays left (at
+    C = 2 auto went back and forth so): until HELD_BACK_S have passed, or a re-check
+    measured it again; at another load it may be chosen at once."""
+    from gateway import auto
+
+    rates = {"ar": 100.0, "psd": 112.0, "sd": 80.0}
+
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
+        considered = {layout: rate for layout, rate in rates.items() if layout in layouts}
+        layout = max(considered, key=considered.get)
+        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
+
+    monkeypatch.setattr(auto, "choose_plan", choose)
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)            # no trials: the choice alone is tested
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    two = [_active(i) for i in range(2)]
+
+    def leave_psd() -> None:
+        rates["psd"] = 112.0
+        assert planner.replan(two, K_MAX).layout == "psd"
+        clock[0] += 0.2
+        rates["psd"] = 95.0
+        assert planner.replan(two, K_MAX).layout == "ar"
+        clock[0] += 0.5
+        rates["psd"] = 112.0
+        assert planner.replan(two, K_MAX).layout == "ar"            # held back ...
+
+    leave_psd()
+    clock[0] += auto.HELD_BACK_S
+    assert planner.replan(two, K_MAX).layout == "psd"              # ... for a while
+    leave_psd()
+    planner._measured["psd"].append(_measured_spell(planner, two, "psd", clock[0], 0.3, 0.3))
+    clock[0] += 0.2
+    assert planner.replan(two, K_MAX).layout == "psd"              # ... or until measured again
+    leave_psd()
+    eight = [_active(i) for i in range(8)]
+    assert planner.replan(eight, K_MAX).layout == "psd"            # another load: not held
+
+
 def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
     """psd settled; once plain decoding is predicted 5% faster at the same load it is chosen
     (kept on the 10% switch margin, psd ran at 0.89 of plain decoding for a whole run).
