@@ -80,7 +80,8 @@ HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen a
                             # of 0.2-0.6 s, swung 10-20% between plans a fifth of a second apart, and
                             # auto went from plain decoding to sd or psd predicted 11% ahead, measured
                             # them slower, went back, and chose them again half a second later
-                            # (0.86-0.92 of fixed `ar` in those runs)
+                            # (3 of 5 runs drafted so for a fifth to half of their steps: 0.86,
+                            # 0.92 and 1.04 of fixed `ar`)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
