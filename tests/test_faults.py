@@ -47,12 +47,27 @@ def _generate(stub, prompt: str) -> generation_pb2.GenerateResponse:
         max_tokens=MAX_TOKENS, ignore_eos=True)), timeout=120)
 
 
-def _generate_all(cluster: Cluster, during=None) -> list[generation_pb2.GenerateResponse]:
-    """All prompts at once; `during()` runs once they are streaming."""
+def _drafts_recorded(cluster: Cluster) -> int:
+    with Client(cluster.address) as client:
+        return sum(s["kind"] == "draft" for s in client.step_stats(max_steps=100_000))
+
+
+def _generate_all(cluster: Cluster, during=None, once_drafting: bool = False) -> list[generation_pb2.GenerateResponse]:
+    """All prompts at once; `during()` runs once they are streaming: 0.3 s in, or with
+    once_drafting as soon as the run's first draft call is recorded, so that later ones
+    certainly meet what `during` did (8 requests of 16 tokens could all finish within 0.3 s,
+    and a drafter frozen then was never called again: CI saw it still in the pool)."""
     stub = _stub(cluster)
+    drafts_before = _drafts_recorded(cluster) if once_drafting else 0
 
     def mid_run() -> None:
-        time.sleep(0.3)
+        if once_drafting:
+            deadline = time.monotonic() + 60
+            while _drafts_recorded(cluster) == drafts_before:
+                assert time.monotonic() < deadline, "no draft call was recorded"
+                time.sleep(0.005)
+        else:
+            time.sleep(0.3)
         during()
 
     return run_concurrently([lambda p=p: _generate(stub, p) for p in PROMPTS],
@@ -127,7 +142,8 @@ def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference, mode):
     k = 0, nothing lost); after SIGCONT its late answers are ignored and it rejoins."""
     with Cluster(_config(**MODES[mode])) as cluster:
         start = time.monotonic()
-        results = _generate_all(cluster, during=lambda: cluster.send_signal("drafter-0", signal.SIGSTOP))
+        results = _generate_all(cluster, during=lambda: cluster.send_signal("drafter-0", signal.SIGSTOP),
+                                once_drafting=True)
         _check(reference, results, "drafter SIGSTOP")
         assert time.monotonic() - start < 60
         assert _pool(cluster) == []
