@@ -1142,7 +1142,26 @@ def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(c
     assert planner.layout_switches == 0
 
 
-def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(clock, monkeypatch):
+def _chooser_of(rates_for):
+    """A stand-in for choose_plan: each layout's rate is rates_for(requests running)'s, and
+    the best of the layouts allowed is chosen."""
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_) -> Plan:
+        considered = {layout: rate for layout, rate in rates_for(len(wanted)).items() if layout in layouts}
+        layout = max(considered, key=considered.get)
+        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
+    return choose
+
+
+@pytest.fixture
+def no_trials(monkeypatch):
+    """No layout is ever close enough to be tried: the choice alone is tested."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+
+
+def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(clock, monkeypatch, no_trials):
     """A wave of eight settles on plain decoding; its tail (two requests for a while) settles
     on sd. After idling, the next wave of eight is planned from plain decoding, the body's
     layout: psd, predicted 3% faster now, is no reason to switch (from the tail's sd, the
@@ -1150,15 +1169,7 @@ def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_no
     from gateway import auto
 
     rates = {8: {"ar": 100.0, "psd": 97.0, "sd": 80.0}, 2: {"sd": 100.0, "psd": 85.0, "ar": 80.0}}
-
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
-        considered = {layout: rate for layout, rate in rates[8 if len(wanted) > 2 else 2].items() if layout in layouts}
-        layout = max(considered, key=considered.get)
-        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
-
-    monkeypatch.setattr(auto, "choose_plan", choose)
-    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)            # no trials: the choice alone is tested
-    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates[8 if n > 2 else 2]))
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
     eight = [_active(i) for i in range(8)]
     assert planner.replan(eight, K_MAX).layout == "ar"
@@ -1203,7 +1214,7 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     assert planner._layout_to_keep(best, 16) is None
 
 
-def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_measured_or_a_while_later(clock, monkeypatch):
+def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_measured_or_a_while_later(clock, monkeypatch, no_trials):
     """psd, predicted 12% ahead, is chosen, then predicted below plain decoding (as once
     measured) and left. Predicted 12% ahead again half a second later, it stays left (at
     C = 2 auto went back and forth so): until HELD_BACK_S have passed, or a re-check
@@ -1211,15 +1222,7 @@ def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_mea
     from gateway import auto
 
     rates = {"ar": 100.0, "psd": 112.0, "sd": 80.0}
-
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
-        considered = {layout: rate for layout, rate in rates.items() if layout in layouts}
-        layout = max(considered, key=considered.get)
-        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
-
-    monkeypatch.setattr(auto, "choose_plan", choose)
-    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)            # no trials: the choice alone is tested
-    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates))
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
     two = [_active(i) for i in range(2)]
 
