@@ -1086,23 +1086,37 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
 
 
-def _sd_alone_plain_decoding_for_more(costs, wanted, k_cap, layouts=LAYOUTS, **_) -> Plan:
-    """A stand-in for choose_plan: sd best for one request, plain decoding for more."""
-    rates = {"sd": 150.0, "ar": 120.0} if len(wanted) == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0}
-    rates = {layout: rate for layout, rate in rates.items() if layout in layouts}
-    layout = max(rates, key=rates.get)
-    return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
+def _chooser_of(rates_for):
+    """A stand-in for choose_plan: each layout's rate is rates_for(requests running)'s, and
+    the best of the layouts allowed is chosen."""
+    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_) -> Plan:
+        considered = {layout: rate for layout, rate in rates_for(len(wanted)).items() if layout in layouts}
+        layout = max(considered, key=considered.get)
+        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
+    return choose
 
 
-def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch):
+@pytest.fixture
+def no_trials(monkeypatch):
+    """No layout is ever close enough to be tried: the choice alone is tested."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
+
+
+# sd best for one request, plain decoding for more
+_sd_alone_plain_decoding_for_more = _chooser_of(
+    lambda n: {"sd": 150.0, "ar": 120.0} if n == 1 else {"ar": 500.0, "sd": 380.0, "psd": 400.0})
+
+
+def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch, no_trials):
     """Plain decoding settled for four requests; at a wave's end one runs alone, and sd is
     best for it. For LOAD_DROP_S the layout stays (the next wave comes within milliseconds);
     a drop that lasts is followed."""
     from gateway import auto
 
     monkeypatch.setattr(auto, "choose_plan", _sd_alone_plain_decoding_for_more)
-    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
-    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
     four = [_active(i) for i in range(4)]
     assert planner.replan(four, K_MAX).layout == "ar"
@@ -1142,25 +1156,6 @@ def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(c
     assert planner.layout_switches == 0
 
 
-def _chooser_of(rates_for):
-    """A stand-in for choose_plan: each layout's rate is rates_for(requests running)'s, and
-    the best of the layouts allowed is chosen."""
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_) -> Plan:
-        considered = {layout: rate for layout, rate in rates_for(len(wanted)).items() if layout in layouts}
-        layout = max(considered, key=considered.get)
-        return Plan(layout, {}, ((),), 0.01, considered[layout], considered, decode_tokens_per_s=considered[layout])
-    return choose
-
-
-@pytest.fixture
-def no_trials(monkeypatch):
-    """No layout is ever close enough to be tried: the choice alone is tested."""
-    from gateway import auto
-
-    monkeypatch.setattr(auto, "EXPLORE_WITHIN", 2.0)
-    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)
-
-
 def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(clock, monkeypatch, no_trials):
     """A wave of eight settles on plain decoding; its tail (two requests for a while) settles
     on sd. After idling, the next wave of eight is planned from plain decoding, the body's
@@ -1194,14 +1189,8 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     burst of 64 prompts as one batch). At the load it was chosen for, the margin holds."""
     from gateway import auto
 
-    def rates_for(n: int) -> dict[str, float]:
-        return {"sd": 100.0, "ar": 40.0, "psd": 40.0} if n == 1 else {"psd": 100.0, "sd": 95.0, "ar": 50.0}
-
-    def choose(costs, wanted, k_cap, layouts=LAYOUTS, **_):
-        rates = {layout: rate for layout, rate in rates_for(len(wanted)).items() if layout in layouts}
-        layout = max(rates, key=rates.get)
-        return Plan(layout, {}, ((),), 0.01, rates[layout], rates, decode_tokens_per_s=rates[layout])
-
+    choose = _chooser_of(lambda n: {"sd": 100.0, "ar": 40.0, "psd": 40.0} if n == 1
+                         else {"psd": 100.0, "sd": 95.0, "ar": 50.0})
     monkeypatch.setattr(auto, "choose_plan", choose)
     planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
     assert planner.replan([_active(0)], K_MAX).layout == "sd"
