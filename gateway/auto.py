@@ -394,7 +394,7 @@ class AutoPlanner:
                     spells.popleft()
         best_slowdown = self.slowdown(best.layout)
         for layout, rate in best.considered.items():
-            if layout == best.layout or (self._measured[layout] and not self._may_explore()):
+            if layout == best.layout:
                 continue
             # A trial needs a chance of winning: the layout's rate were it to run no slower
             # against the cost model than the best does (its own measured slowdown, where
@@ -411,7 +411,17 @@ class AutoPlanner:
             # the trials and what they taught moved into the 3 s measured run).
             unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
-            if rate * max(1.0, self.slowdown(layout) / best_slowdown) < within * best.tokens_per_s:
+            doubted = rate * max(1.0, self.slowdown(layout) / best_slowdown)
+            if doubted < within * best.tokens_per_s:
+                continue
+            # Plain decoding, the floor, kept out only by its own measured slowdown (were it no
+            # slower than the best, it would be ahead) is re-checked once due without first
+            # reserving the latest trial's length in the budget: after ten seconds of another
+            # process taking both cores at C = 64, its slowdown read 3.0 (two-thread steps are
+            # hit hardest), and psd ran at about 0.8 of it for half a minute after that process
+            # had ended while the re-check waited on a 1.5 s trial made during it.
+            floor_doubted = layout == "ar" and self._settled != "ar" and doubted > best.tokens_per_s
+            if self._measured[layout] and not self._may_explore(reserve=not floor_doubted):
                 continue
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
             stale = now - self._last_measured(layout) > wait
@@ -423,10 +433,10 @@ class AutoPlanner:
                 return layout
         return None
 
-    def _may_explore(self) -> bool:
+    def _may_explore(self, reserve: bool = True) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
         most EXPLORE_SHARE of the running time, with this one counted at the latest trial's
-        length (a trial lasts until MEASURED_ENOUGH_S of the layout is measured, and nothing
+        length unless not `reserve` (a trial lasts until MEASURED_ENOUGH_S of the layout is measured, and nothing
         is measured before the switch settles: after plain decoding, trials of a drafting
         layout took 0.7-1.7 s on the reference machine, not 0.3, and counted at 0.3 they
         took a quarter of short runs).
@@ -436,7 +446,7 @@ class AutoPlanner:
         low concurrency the layouts are predicted within 10-20% of each other, and
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""
-        return self._trial_s + self._trial_length_s <= EXPLORE_SHARE * self._running_s
+        return self._trial_s + (self._trial_length_s if reserve else 0.0) <= EXPLORE_SHARE * self._running_s
 
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was

@@ -1255,3 +1255,40 @@ def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
     planner._settled = "ar"
     assert planner._layout_to_keep(plan_of({"psd": 105.0, "ar": 100.0, "sd": 80.0}), 8) == "ar"
     assert auto.TO_PLAIN_MARGIN < 1.05 < auto.SWITCH_MARGIN
+
+
+def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(clock):
+    """Plain decoding, the model's best, was measured for seconds at a third of its
+    prediction while another process held the cores; auto moved to psd. The model would
+    still put it ahead were it no slower than psd, so its measurement alone decides: the
+    re-check comes once due even when the latest trial (EXPLORE_MAX_S long, made in that
+    slow spell) would not fit in the budget, and finds it back at its prediction. Reserving
+    that trial's length first, the re-check waited for 75 s of running (after ten seconds of
+    such contention at C = 64, psd ran at about 0.8 of plain decoding for half a minute)."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=1.2e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    first = planner.replan(requests, K_MAX)
+    assert first.layout == "ar" and first.considered["psd"] < first.tokens_per_s
+    for _ in range(3):                                      # 9 s of plain decoding, 3x slow
+        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 3.0))
+    slow_until = clock[0]
+
+    run = _spell_runner(planner, clock, requests, {})       # from now on every layout as predicted
+    ran = [run(0.5) for _ in range(4)]                      # (first trials of sd and psd, then psd)
+    assert planner._settled == "psd" and planner.slowdown("ar") == pytest.approx(3.0, rel=0.05)
+    planner._trial_length_s = auto.EXPLORE_MAX_S            # a trial ran to its limit in the slow spell
+    due = auto.RECHECK_AFTER_S
+    tried_at = None
+    for _ in range(round(2 * due / 0.5)):
+        ran.append(run(0.5))
+        if tried_at is None and planner.history[-1].trying == "ar":
+            tried_at = clock[0] - 0.5
+    assert tried_at is not None, "".join(layout[0] for layout in ran)
+    assert tried_at - slow_until <= due + 1.0                # when due, not when 1.5 s fit in 2%
+    assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
+    assert planner.slowdown("ar") == pytest.approx(1.0, rel=0.05)
+    assert sum(1 for d in planner.history if d.trying == "ar") <= 2
