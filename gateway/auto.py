@@ -66,6 +66,11 @@ SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over 
 RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
                             # again: its old measurement may no longer hold;
 RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
+FLOOR_STALE_S = 30.0        # plain decoding, the floor, not measured for this long (or its doubled
+                            # wait) while a drafting layout is settled is re-checked whatever its
+                            # prediction: its lent-core costs are fitted only while it runs, and
+                            # fitted while another process held the cores they priced it at half
+                            # its speed for good (C = 8: psd at 0.86 of it, never re-checked)
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most this share of the time
@@ -412,19 +417,24 @@ class AutoPlanner:
             unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
             doubted = rate * max(1.0, self.slowdown(layout) / best_slowdown)
-            if doubted < within * best.tokens_per_s:
+            wait = self._recheck_after.get(layout, self._recheck_wait(layout))
+            age = now - self._last_measured(layout)
+            # Plain decoding, the floor, is also re-checked when its numbers may be what keeps
+            # it out: not measured for FLOOR_STALE_S (or its wait, if longer) whatever its
+            # prediction, and once due when only its own measured slowdown keeps it out (were it
+            # no slower than the best, it would be ahead). Neither reserves the latest trial's
+            # length in the budget first: after ten seconds of another process taking both
+            # cores at C = 64, its slowdown read 3.0 (two-thread steps are hit hardest), and
+            # psd ran at about 0.8 of it for half a minute after that process had ended while
+            # the re-check waited on a 1.5 s trial made during it.
+            floor = layout == "ar" and self._settled != "ar"
+            overdue = floor and age > max(FLOOR_STALE_S, wait)
+            if doubted < within * best.tokens_per_s and not overdue:
                 continue
-            # Plain decoding, the floor, kept out only by its own measured slowdown (were it no
-            # slower than the best, it would be ahead) is re-checked once due without first
-            # reserving the latest trial's length in the budget: after ten seconds of another
-            # process taking both cores at C = 64, its slowdown read 3.0 (two-thread steps are
-            # hit hardest), and psd ran at about 0.8 of it for half a minute after that process
-            # had ended while the re-check waited on a 1.5 s trial made during it.
-            floor_doubted = layout == "ar" and self._settled != "ar" and doubted > best.tokens_per_s
+            floor_doubted = floor and (overdue or doubted > best.tokens_per_s)
             if self._measured[layout] and not self._may_explore(reserve=not floor_doubted):
                 continue
-            wait = self._recheck_after.get(layout, self._recheck_wait(layout))
-            stale = now - self._last_measured(layout) > wait
+            stale = age > wait
             if unmeasured or stale:
                 if stale:           # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)

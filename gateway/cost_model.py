@@ -46,6 +46,13 @@ PAIRED_WITHIN_S = 3.0       # ... when they ran within this long of each other (
                             # alike: the start-up profile's short ones made own-core steps look
                             # fast beside lent steps of real requests, and judged lending slower)
 OWN_PARTNERS = 3            # own-core calls a lent call needs beside it to be compared
+SLOWER_JUDGED_FOR_S = 60.0  # a judgement that lending slows plain decoding lapses this long after
+                            # it was made, and lending is presumed again until judged afresh: while
+                            # plain decoding runs it is judged again well within that (the Batch
+                            # Manager lends a window of steps every 30 s, LEND_RECHECK_S); where
+                            # nothing decoded plainly meanwhile it rests on old steps (made while
+                            # another process held the cores, it priced plain decoding on one core
+                            # for good, and auto ran psd at 0.86 of plain decoding at C = 8)
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 
 
@@ -219,7 +226,8 @@ class CostModel:
         # Plain decode calls (k = 0, no prompts) on each side: (when, batch, busy).
         self._own_plain: deque[tuple[float, int, float]] = deque(maxlen=OWN_PLAIN_KEPT)
         self._lent_plain: deque[tuple[float, int, float]] = deque(maxlen=LENT_WINDOW)
-        self._lending_judged: float | None = None      # the latest judgement (see _judge_lending)
+        self._lending_judged: float | None = None      # the latest judgement (see _judge_lending) ...
+        self._lending_judged_at = float("-inf")         # ... and when it was made
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
@@ -358,7 +366,7 @@ class CostModel:
 
     def costs(self) -> StepCosts:
         """The fitted model's answers, kept until an observation changes them."""
-        key = (self._changes, self.early_verify)
+        key = (self._changes, self.early_verify, self._slower_lapsed())
         if self._cached is None or self._cached[0] != key:
             self._cached = key, self._fitted_costs()
         return self._cached[1]
@@ -368,7 +376,7 @@ class CostModel:
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
-        judged = self._lending_judged
+        judged = None if self._slower_lapsed() else self._lending_judged
         if ratios is not None:
             lent_ratio, prefill_ratio = ratios
             if judged is None or judged <= 1.0:
@@ -383,6 +391,12 @@ class CostModel:
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
                          jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio,
                          lending_judged=judged)
+
+    def _slower_lapsed(self) -> bool:
+        """Whether the latest judgement said lending slows plain decoding, and was made over
+        SLOWER_JUDGED_FOR_S ago."""
+        return (self._lending_judged is not None and self._lending_judged > 1.0
+                and time.monotonic() - self._lending_judged_at > SLOWER_JUDGED_FOR_S)
 
     def _judge_lending(self) -> None:
         """Judged after each plain decode call, lent or not (only those change it): the median,
@@ -406,4 +420,4 @@ class CostModel:
             if len(own) >= OWN_PARTNERS:
                 ratios.append(busy / _median(own))
         if len(ratios) >= LENT_JUDGED:
-            self._lending_judged = _median(ratios)
+            self._lending_judged, self._lending_judged_at = _median(ratios), time.monotonic()

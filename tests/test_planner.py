@@ -618,6 +618,39 @@ def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypat
     assert model.costs().lending_judged == pytest.approx(1.25) and not model.costs().lending_pays
 
 
+def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
+    """Lending judged slower (made, say, while another process held the cores) stands for
+    SLOWER_JUDGED_FOR_S; with no new judgement by then lending is presumed again, and plain
+    decoding priced at the lent cores' own ratio (at most the own cores' price), until lent
+    and own-core steps side by side judge afresh. Kept for good, it priced plain decoding on
+    one core after the contention had ended, and auto ran psd at 0.86 of plain decoding."""
+    from gateway import cost_model
+    from gateway.cost_model import LENT_JUDGED, LENT_WINDOW, OWN_PARTNERS, SLOWER_JUDGED_FOR_S
+
+    now = [100.0]
+    monkeypatch.setattr(cost_model.time, "monotonic", lambda: now[0])
+    model = CostModel()
+    for _ in range(OWN_PARTNERS):
+        model.observe_verify([0] * 8, 0.004)
+    for _ in range(LENT_JUDGED):                            # lent steps slowed by contention
+        model.observe_verify([0] * 8, 0.008, borrowed=True)
+    costs = model.costs()
+    assert costs.lending_judged == pytest.approx(2.0) and not costs.lending_pays
+    assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8))          # the own cores
+    now[0] += SLOWER_JUDGED_FOR_S / 2
+    assert not model.costs().lending_pays
+    now[0] += SLOWER_JUDGED_FOR_S                           # nothing decoded plainly meanwhile
+    costs = model.costs()
+    assert costs.lending_judged is None and costs.lending_pays
+    assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8, borrowed=True))
+    assert costs.verify([0] * 8, borrowed=True) <= costs.verify([0] * 8)
+    for _ in range(OWN_PARTNERS):                           # judged afresh: slower again
+        model.observe_verify([0] * 8, 0.004)
+    for _ in range(LENT_WINDOW):
+        model.observe_verify([0] * 8, 0.006, borrowed=True)
+    assert model.costs().lending_judged == pytest.approx(1.5) and not model.costs().lending_pays
+
+
 def _auto_manager():
     from gateway import batch_manager
     from gateway.batch import BatchManagerConfig
@@ -705,13 +738,15 @@ def test_the_workload_ratio_of_prompt_to_output_tokens():
     assert model.prompt_per_output() == pytest.approx(64 * 90 / (63 * 32 + 64))
 
 
-def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_predicted_never(clock, no_first_trial_of_sd, budget_of_5_percent):
+def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_predicted_only_as_the_floor(clock, no_first_trial_of_sd, budget_of_5_percent):
     """A model wrong about a layout auto no longer runs would never learn better: psd, the
     best as predicted but measured delivering 0.6 of it, is left, then tried again after a
-    while, twice as long later while it keeps losing. Plain decoding, predicted at 0.75-0.9
-    of the best, is tried once (the baseline is measured while it is anywhere near) and,
-    losing as predicted, never again, however long it goes unmeasured (trials of such
-    layouts ran a fifth to a half slower than the plan for up to a second of every short run)."""
+    while, twice as long later while it keeps losing. A layout that loses as predicted is not
+    tried on waiting alone (trials of such layouts ran a fifth to a half slower than the plan
+    for up to a second of every short run), except plain decoding, the floor: predicted at
+    0.75-0.9 of the best, it is tried once (the baseline is measured while it is anywhere
+    near) and then only once FLOOR_STALE_S has passed without a measurement, ever more
+    rarely while it keeps losing; it is never chosen."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
@@ -724,23 +759,26 @@ def test_a_layout_measured_slow_is_rechecked_now_and_then_one_that_loses_as_pred
     assert ran[0] == "psd" and "ar" in ran and ran[-1] == "sd", ran     # psd measured slow: left for sd;
     ar_tries = [d.trying for d in planner.history if d.trying == "ar"]  # plain decoding measured once
     assert ar_tries and len(ar_tries) == ran.count("ar")
-    tried_at, was_trying = [], False
+    tried_at: dict[str, list[float]] = {"psd": [], "ar": []}
+    was_trying = None
     for _ in range(round(500 / 0.5)):
         layout = run(0.5)
-        trying = planner._exploring is not None and layout == planner._exploring[0]
-        if trying and not was_trying:
-            tried_at.append(clock[0])
+        trying = layout if planner._exploring is not None and layout == planner._exploring[0] else None
+        if trying and trying != was_trying:
+            tried_at[trying].append(clock[0])
         was_trying = trying
-        assert layout != "ar"
+        assert layout != "ar" or trying == "ar"
     decisions = [d for d in planner.history if not d.trying]
     assert all(d.layout_tokens_per_s["ar"] < auto.EXPLORE_WITHIN * max(d.layout_tokens_per_s.values())
                for d in decisions)                            # plain decoding: no contender
     assert any(d.layout_tokens_per_s["psd"] < auto.EXPLORE_WITHIN * d.layout_tokens_per_s["sd"]
                for d in decisions)                            # psd only on a re-check
-    assert {d.trying for d in planner.history} == {"", "psd"}   # (the latest decisions kept)
-    assert len(tried_at) >= 4, tried_at
-    gaps = [b - a for a, b in zip(tried_at, tried_at[1:])]
-    assert all(later > 1.5 * earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert {d.trying for d in planner.history} <= {"", "psd", "ar"}   # (the latest decisions kept)
+    for layout, at in tried_at.items():                       # ever rarer (each trial's wait doubles;
+        assert len(at) >= 4, (layout, at)                      # one may be put off while the other's
+        gaps = [b - a for a, b in zip(at, at[1:])]             # spends the budget)
+        assert gaps[-1] > 2 * gaps[0] and gaps[-1] == max(gaps), (layout, gaps)
+    assert min(b - a for a, b in zip(tried_at["ar"], tried_at["ar"][1:])) > auto.FLOOR_STALE_S
     assert planner.plan.layout == "sd"
 
 
@@ -798,10 +836,11 @@ def test_a_layout_slowed_only_as_much_as_the_best_is_not_rechecked(clock, no_fir
     for _ in range(3):                                      # 1.2 s of sd, 1.3x slow
         planner._measured["sd"].append(_measured_spell(planner, requests, "sd", clock[0], 0.3, 0.39))
     ran = _run_for(planner, clock, requests, 0.5, delivered=1 / 1.3, spells=120)
-    assert set(ran) == {"psd"}
+    assert set(ran) - {"ar"} == {"psd"}                     # (plain decoding re-checked as the floor)
+    assert all(d.trying == "ar" for d in planner.history if d.layout == "ar")
     assert planner.slowdown("psd") == pytest.approx(1.3, rel=0.02)
     assert planner.slowdown("sd") == pytest.approx(1.3, rel=0.01)
-    assert not any(d.trying for d in planner.history)
+    assert not any(d.trying == "sd" for d in planner.history)
 
 
 def test_a_burst_of_prompts_counts_at_its_own_rate():
@@ -1067,10 +1106,12 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
     """A trial lasts until enough of its layout is measured, and nothing is measured before
     its switch settles: trials whose steps are slow to come back run to EXPLORE_MAX_S. The
     budget counts the next trial at the latest one's length, so re-checks stay within
-    EXPLORE_SHARE of the running time (counted at MEASURED_ENOUGH_S, five times as much)."""
+    EXPLORE_SHARE of the running time (counted at MEASURED_ENOUGH_S, five times as much).
+    (Plain decoding's re-checks as the floor reserve nothing: tested apart.)"""
     from gateway import auto
 
     planner, requests = _settled_in_psd_the_others_measured_briefly(clock, monkeypatch)
+    monkeypatch.setattr(auto, "FLOOR_STALE_S", float("inf"))
     spell_s, spells, trial_s = 0.1, 1800, 0.0
     for _ in range(spells):
         planner._recheck_after.clear()      # every re-check is due at its shortest
@@ -1292,3 +1333,32 @@ def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(
     assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
     assert planner.slowdown("ar") == pytest.approx(1.0, rel=0.05)
     assert sum(1 for d in planner.history if d.trying == "ar") <= 2
+
+
+def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(clock, no_first_trial_of_sd):
+    """Plain decoding priced at 0.65 of psd, too far behind to be a contender, is what auto
+    must not lose to, and its price is fitted only while it runs (its lent-core costs fitted
+    while another process held the cores priced it at half its speed, and psd ran at 0.86 of
+    it for good at C = 8): unmeasured for FLOOR_STALE_S it is re-checked whatever its
+    prediction, and chosen where it delivers twice its price."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    for _ in range(3):                                      # 3 s of plain decoding, as priced
+        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 1.0))
+    measured_at = clock[0]
+    first = planner.replan(requests, K_MAX)
+    assert first.layout == "psd" and first.considered["ar"] < auto.EXPLORE_WITHIN * first.tokens_per_s
+
+    run = _spell_runner(planner, clock, requests, {"ar": 2.0})
+    ran, tried_at = [], None
+    for _ in range(round(2 * auto.FLOOR_STALE_S / 0.5)):
+        ran.append(run(0.5))
+        if tried_at is None and planner.history[-1].trying == "ar":
+            tried_at = clock[0] - 0.5
+    assert tried_at is not None, "".join(layout[0] for layout in ran)
+    assert auto.FLOOR_STALE_S < tried_at - measured_at <= auto.FLOOR_STALE_S + 1.0
+    assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
