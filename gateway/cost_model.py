@@ -405,7 +405,10 @@ class CostModel:
         PAIRED_WITHIN_S of it (at least OWN_PARTNERS of them): steps of the same requests on
         either side. Judged afresh once LENT_JUDGED calls have such partners; until then the
         last judgement stands (None: never judged). Own-core plain steps are rare while
-        lending pays: the Batch Manager runs a few now and then (BatchManager._lend)."""
+        lending pays: the Batch Manager runs a few now and then (BatchManager._lend).
+        A judgement is dated by the latest lent call it rests on, so that judging the same
+        calls again later (as new lent calls without own-core partners arrive) does not make
+        it new (see SLOWER_JUDGED_FOR_S)."""
         if len(self._lent_plain) < LENT_JUDGED:
             return
         # (after every lent step: while lending pays, no own-core call is near and this ends here)
@@ -413,11 +416,12 @@ class CostModel:
         near = [(t, n, b) for t, n, b in self._own_plain if first <= t <= last]
         if len(near) < OWN_PARTNERS:
             return
-        ratios = []
+        ratios, latest = [], float("-inf")
         for when, batch, busy in self._lent_plain:
             own = [b for t, n, b in near
                    if abs(t - when) <= PAIRED_WITHIN_S and batch / SAME_BATCH <= n <= batch * SAME_BATCH]
             if len(own) >= OWN_PARTNERS:
                 ratios.append(busy / _median(own))
+                latest = max(latest, when)
         if len(ratios) >= LENT_JUDGED:
-            self._lending_judged, self._lending_judged_at = _median(ratios), time.monotonic()
+            self._lending_judged, self._lending_judged_at = _median(ratios), latest

@@ -639,7 +639,9 @@ def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
     assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8))          # the own cores
     now[0] += SLOWER_JUDGED_FOR_S / 2
     assert not model.costs().lending_pays
-    now[0] += SLOWER_JUDGED_FOR_S                           # nothing decoded plainly meanwhile
+    model.observe_verify([0] * 8, 0.005, borrowed=True)     # a lent step with no own-core step near:
+    assert not model.costs().lending_pays                   # judged again on the old steps, as old
+    now[0] += SLOWER_JUDGED_FOR_S / 2 + 1
     costs = model.costs()
     assert costs.lending_judged is None and costs.lending_pays
     assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8, borrowed=True))
