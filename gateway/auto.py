@@ -446,10 +446,10 @@ class AutoPlanner:
     def _may_explore(self, reserve: bool = True) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
         most EXPLORE_SHARE of the running time, with this one counted at the latest trial's
-        length unless not `reserve` (a trial lasts until MEASURED_ENOUGH_S of the layout is measured, and nothing
-        is measured before the switch settles: after plain decoding, trials of a drafting
-        layout took 0.7-1.7 s on the reference machine, not 0.3, and counted at 0.3 they
-        took a quarter of short runs).
+        length if `reserve` (a trial lasts until MEASURED_ENOUGH_S of the layout is measured,
+        and nothing is measured before the switch settles: after plain decoding, trials of a
+        drafting layout took 0.7-1.7 s on the reference machine, not 0.3, and counted at 0.3
+        they took a quarter of short runs).
         Every layout's first measurement is free of this, and its time is not counted: the
         choice needs one of each (counted, a first trial of a second or so at the start of a
         short run left no re-check for the rest of it, whatever that trial had measured). At

@@ -366,17 +366,18 @@ class CostModel:
 
     def costs(self) -> StepCosts:
         """The fitted model's answers, kept until an observation changes them."""
-        key = (self._changes, self.early_verify, self._slower_lapsed())
+        lapsed = self._slower_lapsed()
+        key = (self._changes, self.early_verify, lapsed)
         if self._cached is None or self._cached[0] != key:
-            self._cached = key, self._fitted_costs()
+            self._cached = key, self._fitted_costs(lapsed)
         return self._cached[1]
 
-    def _fitted_costs(self) -> StepCosts:
+    def _fitted_costs(self, slower_lapsed: bool) -> StepCosts:
         per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
-        judged = None if self._slower_lapsed() else self._lending_judged
+        judged = None if slower_lapsed else self._lending_judged
         if ratios is not None:
             lent_ratio, prefill_ratio = ratios
             if judged is None or judged <= 1.0:
