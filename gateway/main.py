@@ -130,7 +130,7 @@ async def serve(args: argparse.Namespace) -> None:
     tokenizer = TextTokenizer(tokenizer_dir)
     info = server_info(args.mode, config.k, args.max_batch, target_info.model, target_info.synthetic_acceptance)
     if target_info.synthetic_acceptance:
-        logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance %.2f): "
+        logger.warning("the verifier runs in BENCHMARK MODE (synthetic acceptance, mean %.2f): "
                        "outputs are not the target model's", target_info.synthetic_acceptance)
     frontend = Frontend(manager, tokenizer, target_info.vocab_size, tuple(target_info.eos_token_ids),
                         target_info.max_model_len, config.k)

@@ -189,7 +189,7 @@ def test_gpu_script_dry_run_on_cpu(tmp_path):
     assert "-> OK" in (out / "tensor_parallel.txt").read_text()
     report = json.loads((out / "bench.json").read_text())
     assert {r["mode"] for r in report["runs"]} == {"ar", "sd", "psd"}
-    assert report["config"]["synthetic_acceptance"] == 0.8 and report["config"]["random_weights"]
+    assert report["config"]["synthetic_acceptance"] == [0.8] and report["config"]["random_weights"]
     psd = next(r for r in report["runs"] if r["mode"] == "psd")
     assert psd["mean_acceptance_length"] > 1.5        # synthetic acceptance works on random weights
 

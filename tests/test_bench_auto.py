@@ -439,7 +439,7 @@ def test_memory_bound_preset(tmp_path):
 
     args = bench_args("--memory-bound", "--out", str(tmp_path))
     assert apply_presets(args) is None
-    assert args.random_weights and args.synthetic_acceptance == 0.7
+    assert args.random_weights and args.synthetic_acceptance == [0.7]
     target, draft = ModelConfig.from_dir(args.target), ModelConfig.from_dir(args.draft)
     assert (target.hidden_size, target.num_layers, target.num_heads, target.num_kv_heads, target.head_dim,
             target.intermediate_size) == (1024, 20, 16, 8, 64, 3072)
@@ -450,7 +450,7 @@ def test_memory_bound_preset(tmp_path):
     assert 250e6 < target.num_layers * layer + target.vocab_size * target.hidden_size < 260e6   # > L3
     assert (tmp_path / "memory_bound" / "target" / "tokenizer.json").exists()     # what the gateway reads
     chosen = bench_args("--memory-bound", "--synthetic-acceptance", "0.9", "--out", str(tmp_path / "b"))
-    assert apply_presets(chosen) is None and chosen.synthetic_acceptance == 0.9
+    assert apply_presets(chosen) is None and chosen.synthetic_acceptance == [0.9]
 
 
 def test_reproduce_command_names_the_new_flags():

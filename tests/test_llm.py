@@ -139,8 +139,31 @@ def test_synthetic_acceptance_is_benchmark_only(llm, prompts):
         verifier.remove_request("syn")
     with pytest.raises(ValueError, match="synthetic_acceptance"):
         Verifier(runner, synthetic_acceptance=1.5)
+    with pytest.raises(ValueError, match="synthetic_acceptance"):
+        Verifier(runner, synthetic_acceptance=[])
     from verifier_svc.main import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--synthetic-acceptance", "0.8"])           # refused without --benchmark-only
-    assert parse_args(["--synthetic-acceptance", "0.8", "--benchmark-only"]).synthetic_acceptance == 0.8
+    assert parse_args(["--synthetic-acceptance", "0.8", "--benchmark-only"]).synthetic_acceptance == [0.8]
+    assert parse_args(["--synthetic-acceptance", "0.9", "0.1", "--benchmark-only"]).synthetic_acceptance == [0.9, 0.1]
+
+
+def test_several_synthetic_rates_are_taken_by_new_requests_in_turn(llm, prompts):
+    """The mixed-acceptance stand-in: request 1 drafts at the first rate, request 2 at the
+    second, request 3 at the first again, whatever order they are verified in."""
+    from minedraft.verifier import Verifier
+
+    verifier = Verifier(llm.verifier.runner, synthetic_acceptance=[1.0, 0.0])
+    assert verifier.synthetic_acceptance == 0.5                 # GetInfo's figure: the mean
+    ids = llm.tokenizer.encode(prompts[0])
+    for rid in ("a", "b", "c"):
+        verifier.add_request(rid, ids, SamplingParams(), seed=1)
+    drafts = [7, 8, 9, 10]
+    out = verifier.verify([("c", drafts), ("b", drafts), ("a", drafts)])
+    assert [o[:-1] for o in out] == [drafts, [], drafts]
+    verifier.remove_all()
+    assert not verifier._synthetic_rate                         # forgotten with their requests
+    verifier.add_request("d", ids, SamplingParams(), seed=1)    # the fourth request: the second rate
+    assert verifier.verify([("d", drafts)])[0][:-1] == []
+    verifier.remove_request("d")

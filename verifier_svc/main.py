@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU and --tp 1 only (otherwise ignored): a GPU computes on its own device, and "
                              "tensor-parallel ranks run in lockstep, so one rank's extra cores would only make "
                              "the others wait (default: none)")
-    parser.add_argument("--synthetic-acceptance", type=float, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--synthetic-acceptance", type=float, nargs="+", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--benchmark-only", action="store_true", help=argparse.SUPPRESS)
     add_server_args(parser, public=False)
     add_internal_token_arg(parser)
@@ -177,8 +177,9 @@ async def serve(args: argparse.Namespace) -> None:
     compute = compute_thread("verify")         # the model loads where its steps will run
     executor = await asyncio.get_running_loop().run_in_executor(compute, _build, args, 0)
     if args.synthetic_acceptance is not None:
-        logger.warning("BENCHMARK MODE: drafts are accepted with probability %.2f whatever the "
-                       "models say; outputs are not the target model's", args.synthetic_acceptance)
+        logger.warning("BENCHMARK MODE: drafts are accepted with probability %s (new requests take the "
+                       "rates in turn) whatever the models say; outputs are not the target model's",
+                       " or ".join(f"{p:.2f}" for p in args.synthetic_acceptance))
     pairings = DraftPairings(args.data_plane, args.host, advertised_host(args.host, args.advertise_host),
                              device=executor.device)
     servicer = VerifierServicer(executor, pairings, args.model, compute)

@@ -327,9 +327,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--all-cpus", default="0-1", help="cores of ar's verifier, of sd-colocated and of transformers")
     bench.add_argument("--target", default=bundled.TARGET)
     bench.add_argument("--draft", default=bundled.DRAFT)
-    bench.add_argument("--synthetic-acceptance", type=float, default=None,
+    bench.add_argument("--synthetic-acceptance", type=float, nargs="+", default=None,
                        help="benchmark mode: the verifier accepts each draft with this probability "
-                            "whatever the models say (outputs are then not the target's)")
+                            "whatever the models say (outputs are then not the target's); several: new "
+                            "requests take them in turn, e.g. 0.9 0.1 for requests that draft well and badly")
     bench.add_argument("--random-weights", action="store_true",
                        help="read only config.json of --target/--draft and draw random weights (timing only)")
     bench.add_argument("--memory-bound", action="store_true",

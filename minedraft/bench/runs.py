@@ -66,7 +66,7 @@ def apply_presets(args: argparse.Namespace) -> str | None:
         args.target, args.draft = prepare_memory_bound(Path(args.out))
         args.random_weights = True
         if args.synthetic_acceptance is None:
-            args.synthetic_acceptance = MEMORY_BOUND_ACCEPTANCE
+            args.synthetic_acceptance = [MEMORY_BOUND_ACCEPTANCE]
     if args.rate_steps and not poisson_arrivals(args.rate_steps):
         return "the --rate-steps schedule sends no request: raise a rate or lengthen a phase"
     if args.peers and args.random_weights:
@@ -119,7 +119,8 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
     ar's verifier and sd-colocated's two services on all of them, the others' verifier and
     drafter on a core each (the defaults, 0 and 1)."""
     base = dict(k=k, port=0, data_plane=args.data_plane, target=args.target, draft=args.draft,
-                synthetic_acceptance=args.synthetic_acceptance, random_weights=args.random_weights,
+                synthetic_acceptance=None if args.synthetic_acceptance is None else tuple(args.synthetic_acceptance),
+                random_weights=args.random_weights,
                 dtype=args.dtype, target_device=args.target_device, draft_device=args.draft_device,
                 num_blocks=args.num_blocks, http_port=0)           # the bench speaks gRPC only
     all_cpus = args.all_cpus

@@ -110,7 +110,7 @@ class Cluster:
                 + (["--borrow-cpus", cfg.lent_cpus] if cfg.lent_cpus else [])
                 + self._common
                 + ([] if cfg.synthetic_acceptance is None else
-                   ["--synthetic-acceptance", str(cfg.synthetic_acceptance), "--benchmark-only"]))
+                   ["--synthetic-acceptance", *map(str, cfg.synthetic_acceptance), "--benchmark-only"]))
 
     def _spawn_drafter(self, name: str | None = None) -> str:
         """Start a drafter that joins the gateway's pool itself; -> its process name."""

@@ -44,7 +44,8 @@ class ServeConfig:
     max_waiting: int = 1024        # requests queued beyond the batches before RESOURCE_EXHAUSTED
     insecure: bool = False         # allow a non-loopback public API without TLS or API keys
     startup_timeout_s: float = 300.0
-    synthetic_acceptance: float | None = None   # benchmarks only; `minedraft serve` never sets it
+    synthetic_acceptance: tuple[float, ...] | None = None   # benchmarks only (rates new requests take in
+                                                             # turn); `minedraft serve` never sets it
     random_weights: bool = False                # benchmarks only: config.json shapes, random weights
     auto_cycle_steps: int = 0                   # tests only: auto mode rotates its layouts every this many steps
 
