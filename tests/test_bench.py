@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,30 @@ def test_a_stopped_sweep_keeps_the_concurrencies_it_measured(tmp_path, monkeypat
     assert report["partial"] is True
     assert [(r["mode"], r["concurrency"], r["output_tokens"]) for r in report["runs"]] == [("ar", 2, 32)]
     assert not (tmp_path / "bench.json.part").exists()
+
+
+def test_the_pace_after_a_run_waits_for_the_steps_pipelined_past_its_end():
+    """The probe after a run must not share the cores with plain decoding's last steps in
+    flight: wait_for_quiet returns only once the newest step record stops changing (or at
+    its limit, for a gateway that never goes quiet)."""
+    from minedraft.bench.main import wait_for_quiet
+
+    class Stepping:
+        def __init__(self, steps_left: int) -> None:
+            self.step, self.steps_left, self.calls = 0, steps_left, 0
+
+        def step_stats(self, max_steps: int = 0):
+            assert max_steps == 1                       # polled with the newest record only
+            self.calls += 1
+            if self.steps_left:
+                self.steps_left -= 1
+                self.step += 1
+            return [{"step_id": self.step}]
+
+    client = Stepping(steps_left=3)
+    wait_for_quiet(client, quiet_s=0.001)
+    assert client.steps_left == 0 and client.calls == 4     # three new records, then one unchanged
+    busy = Stepping(steps_left=10 ** 9)
+    start = time.monotonic()
+    wait_for_quiet(busy, quiet_s=0.001, limit_s=0.05)
+    assert 0.05 <= time.monotonic() - start < 1.0

@@ -70,11 +70,10 @@ def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> 
     return load_workload(args.dataset, scale * count)
 
 
-def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
-    """How many step records the gateway holds once no more arrive (or after limit_s): a step
-    pipelined past the end of the last request before the run (plain decoding keeps two in
-    flight) is recorded after its request has finished, and must not count as the run's.
-    Polled with the newest record alone, not all of them."""
+def wait_for_quiet(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> None:
+    """Until no step record arrives for quiet_s (or limit_s has passed): a step pipelined past
+    the end of the last request (plain decoding keeps two in flight) runs after its request
+    has finished. Polled with the newest record alone, not all of them."""
     last, give_up = client.step_stats(max_steps=1), time.monotonic() + limit_s
     while time.monotonic() < give_up:
         time.sleep(quiet_s)
@@ -82,6 +81,12 @@ def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5
         if now == last:
             break
         last = now
+
+
+def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
+    """How many step records the gateway holds once no more arrive: the steps pipelined past
+    the warm-up must not count as the run's."""
+    wait_for_quiet(client, quiet_s, limit_s)
     return len(client.step_stats())
 
 
@@ -102,10 +107,18 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
         workload = workload.head(len(arrivals))
-    # Probed while the services idle: the host's pace, not theirs.
-    (timings, wall), pace = probed(lambda: asyncio.run(run_workload(
-        address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency, arrivals, label,
-        sampling=workload.sampling)))
+    def run_then_quiet():
+        result = asyncio.run(run_workload(address, workload.prompts, args.max_tokens, args.ignore_eos,
+                                          concurrency, arrivals, label, sampling=workload.sampling))
+        with Client(address, timeout=600) as client:
+            wait_for_quiet(client)
+        return result
+
+    # Probed while the services idle: the host's pace, not theirs. Not before the steps
+    # pipelined past the last request have run: a two-thread verifier step beside the probe's
+    # two threads slowed it up to twenty-fold (in the da97ac6 sweep the probes after ar's and
+    # auto's runs read 0.05-0.65 of the usual, as if those runs had been made in slow spells).
+    (timings, wall), pace = probed(run_then_quiet)
     with Client(address, timeout=600) as client:
         steps = plain(client.step_stats())[skip:]
         info = plain(client.server_info())
