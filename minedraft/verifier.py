@@ -96,8 +96,13 @@ class Verifier(RequestTable):
         same the drafter raced on for that position (Drafter._sample)."""
         rows = sum(k + 1 for k in ks)
         vocab = logits.shape[-1]
-        if all(s.params.is_greedy for s in states) and self.synthetic_rates is None:
-            return (torch.ones(rows, device=logits.device),
-                    torch.ones(rows, vocab, device=logits.device))
         positions = [list(range(len(s.token_ids), len(s.token_ids) + k + 1)) for s, k in zip(states, ks)]
+        if all(s.params.is_greedy for s in states):     # no race to run: greedy rows take the argmax
+            exponential = torch.ones(rows, vocab, device=logits.device)
+            if self.synthetic_rates is None:
+                return torch.ones(rows, device=logits.device), exponential
+            # Synthetic verdicts need only each row's uniform, its first output whatever the
+            # vocabulary: a whole row of noise per token verified would tax drafting layouts.
+            uniform, _ = request_noise([s.seed for s in states], positions, VERIFY_STREAM, 1, logits.device)
+            return uniform, exponential
         return request_noise([s.seed for s in states], positions, VERIFY_STREAM, vocab, logits.device)

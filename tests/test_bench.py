@@ -259,3 +259,12 @@ def test_the_pace_after_a_run_waits_for_the_steps_pipelined_past_its_end():
     start = time.monotonic()
     wait_for_quiet(busy, quiet_s=0.001, limit_s=0.05)
     assert 0.05 <= time.monotonic() - start < 1.0
+
+    class SlowSteps(Stepping):              # steps of 0.1 s: a quiet spell shorter than one proves nothing
+        def step_stats(self, max_steps: int = 0):
+            return [{**record, "wall_s": 0.1} for record in super().step_stats(max_steps)]
+
+    slow = SlowSteps(steps_left=2)
+    start = time.monotonic()
+    wait_for_quiet(slow, quiet_s=0.001)
+    assert time.monotonic() - start >= 0.4 and slow.calls == 3     # two waits of twice a step

@@ -167,3 +167,22 @@ def test_several_synthetic_rates_are_taken_by_new_requests_in_turn(llm, prompts)
     verifier.add_request("d", ids, SamplingParams(), seed=1)    # the fourth request: the second rate
     assert verifier.verify([("d", drafts)])[0][:-1] == []
     verifier.remove_request("d")
+
+
+def test_synthetic_verdicts_use_each_rows_uniform_of_the_full_noise(llm, prompts):
+    """A greedy batch draws only each row's uniform, not a row of noise over the vocabulary;
+    the verdicts are those the full row's uniform gives."""
+    from minedraft.sampling import VERIFY_STREAM, request_noise
+    from minedraft.verifier import Verifier
+
+    runner = llm.verifier.runner
+    ids = llm.tokenizer.encode(prompts[0])
+    drafts = [7, 8, 9, 10, 11, 12]
+    for seed in range(6):
+        verifier = Verifier(runner, synthetic_acceptance=0.5)
+        verifier.add_request("half", ids, SamplingParams(), seed=seed)
+        uniform, _ = request_noise([seed], [list(range(len(ids), len(ids) + len(drafts) + 1))], VERIFY_STREAM,
+                                   runner.vocab_size, "cpu")
+        expected = next((j for j, u in enumerate(uniform.tolist()[:len(drafts)]) if u > 0.5), len(drafts))
+        assert verifier.verify([("half", drafts)])[0][:-1] == drafts[:expected]
+        verifier.remove_request("half")

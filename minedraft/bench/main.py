@@ -71,12 +71,13 @@ def workload_for(concurrency: int, args: argparse.Namespace, scale: int = 1) -> 
 
 
 def wait_for_quiet(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> None:
-    """Until no step record arrives for quiet_s (or limit_s has passed): a step pipelined past
-    the end of the last request (plain decoding keeps two in flight) runs after its request
-    has finished. Polled with the newest record alone, not all of them."""
+    """Until no step record arrives for quiet_s, or twice the newest step's wall time where
+    that is longer (or limit_s has passed): a step pipelined past the end of the last request
+    (plain decoding keeps two in flight) runs after its request has finished. Polled with the
+    newest record alone, not all of them."""
     last, give_up = client.step_stats(max_steps=1), time.monotonic() + limit_s
     while time.monotonic() < give_up:
-        time.sleep(quiet_s)
+        time.sleep(max([quiet_s, *(2 * step.get("wall_s", 0.0) for step in last)]))
         now = client.step_stats(max_steps=1)
         if now == last:
             break
