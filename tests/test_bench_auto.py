@@ -451,6 +451,10 @@ def test_memory_bound_preset(tmp_path):
     assert (tmp_path / "memory_bound" / "target" / "tokenizer.json").exists()     # what the gateway reads
     chosen = bench_args("--memory-bound", "--synthetic-acceptance", "0.9", "--out", str(tmp_path / "b"))
     assert apply_presets(chosen) is None and chosen.synthetic_acceptance == [0.9]
+    several = bench_args("--synthetic-acceptance", "0.9", "0.1", "--out", str(tmp_path / "c"))
+    assert apply_presets(several) is None and several.synthetic_acceptance == [0.9, 0.1]
+    outside = bench_args("--synthetic-acceptance", "0.9", "-0.1", "--out", str(tmp_path / "d"))
+    assert "--synthetic-acceptance" in apply_presets(outside)
 
 
 def test_reproduce_command_names_the_new_flags():

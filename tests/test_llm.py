@@ -147,6 +147,8 @@ def test_synthetic_acceptance_is_benchmark_only(llm, prompts):
         parse_args(["--synthetic-acceptance", "0.8"])           # refused without --benchmark-only
     assert parse_args(["--synthetic-acceptance", "0.8", "--benchmark-only"]).synthetic_acceptance == [0.8]
     assert parse_args(["--synthetic-acceptance", "0.9", "0.1", "--benchmark-only"]).synthetic_acceptance == [0.9, 0.1]
+    with pytest.raises(SystemExit):
+        parse_args(["--synthetic-acceptance", "0.9", "1.1", "--benchmark-only"])   # a rate outside [0, 1]
 
 
 def test_several_synthetic_rates_are_taken_by_new_requests_in_turn(llm, prompts):

@@ -77,6 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
+    if args.synthetic_acceptance is not None and not all(0.0 <= p <= 1.0 for p in args.synthetic_acceptance):
+        parser.error(f"--synthetic-acceptance: rates must be in [0, 1], got {args.synthetic_acceptance}")
     try:
         lent = parse_cpus(args.borrow_cpus)
     except ValueError:

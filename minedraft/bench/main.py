@@ -108,6 +108,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
         workload = workload.head(len(arrivals))
+
     def run_then_quiet():
         result = asyncio.run(run_workload(address, workload.prompts, args.max_tokens, args.ignore_eos,
                                           concurrency, arrivals, label, sampling=workload.sampling))

@@ -76,6 +76,8 @@ def apply_presets(args: argparse.Namespace) -> str | None:
         return "--concurrency, --k, --psd-k, --auto-k and --rounds must be at least 1"
     if not args.warmup_s >= 0:
         return "--warmup-s is a duration in seconds: 0 or more"
+    if args.synthetic_acceptance is not None and not all(0.0 <= p <= 1.0 for p in args.synthetic_acceptance):
+        return f"--synthetic-acceptance: rates must be in [0, 1], got {args.synthetic_acceptance}"
     return None
 
 
