@@ -28,8 +28,10 @@ steep one (compute-bound) come out of the same fit.
 from __future__ import annotations
 
 import time
+from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from operator import mul
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
 PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over less than this
@@ -104,7 +106,7 @@ class LinearFit:
         return self._weights
 
     def predict(self, features: tuple[float, ...]) -> float:
-        return sum(w * x for w, x in zip(self.weights, features))
+        return sum(map(mul, self.weights, features))
 
     def _solve(self) -> tuple[float, ...]:
         """(X^T X + l I) w = X^T y + l prior, by Gaussian elimination (a few features only)."""
@@ -235,6 +237,7 @@ class CostModel:
         # The last WORKLOAD_WINDOW requests admitted: [prompt tokens, output tokens], the output
         # their max_tokens until they finish.
         self._workload: OrderedDict[str, list[int]] = OrderedDict()
+        self._workload_sums = [0, 0]     # their prompt and output tokens (asked every step)
         # costs() is asked several times a step (each call's prediction and deadline, the
         # planner): its answer is kept until an observation changes it.
         self._changes = 0
@@ -244,12 +247,21 @@ class CostModel:
     def observe_admitted(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.observe_prompts(prompt_tokens)
         self._changes += 1
+        self._forget_workload(request_id)
         self._workload[request_id] = [prompt_tokens, max_tokens]
+        self._workload_sums[0] += prompt_tokens
+        self._workload_sums[1] += max_tokens
         while len(self._workload) > WORKLOAD_WINDOW:
-            self._workload.popitem(last=False)
+            self._forget_workload(next(iter(self._workload)))
+
+    def _forget_workload(self, request_id: str) -> None:
+        prompt, output = self._workload.pop(request_id, (0, 0))
+        self._workload_sums[0] -= prompt
+        self._workload_sums[1] -= output
 
     def observe_finished(self, request_id: str, output_tokens: int) -> None:
         if request_id in self._workload:
+            self._workload_sums[1] += output_tokens - self._workload[request_id][1]
             self._workload[request_id][1] = output_tokens
             self._changes += 1
 
@@ -257,8 +269,7 @@ class CostModel:
         """Prompt tokens over output tokens of the last requests admitted (a running request's
         max_tokens stands in for its output): one odd request (a warm-up of four tokens)
         moves it little."""
-        prompt = sum(p for p, _ in self._workload.values())
-        output = sum(o for _, o in self._workload.values())
+        prompt, output = self._workload_sums
         return prompt / max(1, output)
 
     def observe_prompts(self, tokens: int, now: float | None = None) -> None:
@@ -412,17 +423,22 @@ class CostModel:
         it new (see SLOWER_JUDGED_FOR_S)."""
         if len(self._lent_plain) < LENT_JUDGED:
             return
-        # (after every lent step: while lending pays, no own-core call is near and this ends here)
-        first, last = self._lent_plain[0][0] - PAIRED_WITHIN_S, self._lent_plain[-1][0] + PAIRED_WITHIN_S
-        near = [(t, n, b) for t, n, b in self._own_plain if first <= t <= last]
-        if len(near) < OWN_PARTNERS:
-            return
+        # Both windows are in time order (appended as calls return): each lent call's partners
+        # are found by bisection, so a judgement costs about (lent calls) x (partners each),
+        # not x (own calls kept); it runs after every plain step.
+        own = list(self._own_plain)
+        times = [t for t, _, _ in own]
+        lo = bisect_left(times, self._lent_plain[0][0] - PAIRED_WITHIN_S)
+        hi = bisect_right(times, self._lent_plain[-1][0] + PAIRED_WITHIN_S, lo)
+        if hi - lo < OWN_PARTNERS:
+            return      # (after every lent step: while lending pays, no own-core call is near)
         ratios, latest = [], float("-inf")
         for when, batch, busy in self._lent_plain:
-            own = [b for t, n, b in near
-                   if abs(t - when) <= PAIRED_WITHIN_S and batch / SAME_BATCH <= n <= batch * SAME_BATCH]
-            if len(own) >= OWN_PARTNERS:
-                ratios.append(busy / _median(own))
+            start = bisect_left(times, when - PAIRED_WITHIN_S, lo, hi)
+            end = bisect_right(times, when + PAIRED_WITHIN_S, start, hi)
+            partners = [b for _, n, b in own[start:end] if batch / SAME_BATCH <= n <= batch * SAME_BATCH]
+            if len(partners) >= OWN_PARTNERS:
+                ratios.append(busy / _median(partners))
                 latest = max(latest, when)
         if len(ratios) >= LENT_JUDGED:
             self._lending_judged, self._lending_judged_at = _median(ratios), latest

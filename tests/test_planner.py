@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from gateway.cost_model import CostModel, LinearFit, StepCosts
+from gateway.cost_model import WORKLOAD_WINDOW, CostModel, LinearFit, StepCosts
 from gateway.planner import Plan, PlanRequest, choose_plan, expected_max, layout_step_s
 from minedraft.constants import LAYOUTS
 
@@ -174,6 +174,24 @@ def test_the_cost_models_answer_is_kept_until_an_observation_changes_it():
         answer = fresh
     model.early_verify = not answer.early_verify
     assert model.costs().early_verify != answer.early_verify
+
+
+def test_prompt_per_output_is_over_the_last_requests_admitted():
+    """Kept as running sums (it is asked every step): a request past the window, a finish,
+    and a request admitted again under its id are each counted once, as a recount would."""
+    model = CostModel()
+    admitted = []
+    for i in range(WORKLOAD_WINDOW + 10):
+        model.observe_admitted(f"r{i}", 10 + i, 100)
+        admitted.append([f"r{i}", 10 + i, 100])
+    model.observe_finished("r3", 5)                 # past the window: nothing to change
+    model.observe_finished(f"r{WORKLOAD_WINDOW}", 7)
+    admitted[WORKLOAD_WINDOW][2] = 7
+    model.observe_admitted("r20", 1, 50)            # again: counted once, as the newest
+    admitted = [a for a in admitted if a[0] != "r20"] + [["r20", 1, 50]]
+    last = admitted[-WORKLOAD_WINDOW:]
+    expected = sum(p for _, p, _ in last) / sum(o for _, _, o in last)
+    assert model.costs().prompt_per_output == pytest.approx(expected)
 
 
 def test_a_calls_error_is_against_the_prediction_it_was_made_with():
