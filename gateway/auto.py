@@ -516,7 +516,7 @@ class AutoPlanner:
             verify_borrowed_per_new_token_s=c.borrowed_per_new_token,
             prompt_tokens_per_s=self.model.prompt_tokens_per_s(), prompt_per_output=c.prompt_per_output,
             verify_per_request_s=c.verify_per_request, verify_borrowed_per_request_s=c.borrowed_per_request,
-            lending_judged=c.lending_judged)
+            lending_judged=c.lending_judged, data_plane_per_call_s=c.data_plane_per_step)
         if not planning:
             return model, None
         return model, generation_pb2.AutoPlan(

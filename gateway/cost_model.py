@@ -21,17 +21,22 @@ after a switch as a cost of every prompt token, which once made plain decoding l
 dearer than it was.
 
 plus the gateway's own share per step (transport and bookkeeping), measured as wall time minus
-busy time. No constant is assumed about the hardware: a GPU's flat V (memory-bound) and a CPU's
-steep one (compute-bound) come out of the same fit.
+busy time, and the data plane's: the verifier's time taking a step's drafts off it, as it
+reports per call (the median). No constant is assumed about the hardware: a GPU's flat V
+(memory-bound) and a CPU's steep one (compute-bound) come out of the same fit.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 from operator import mul
+
+logger = logging.getLogger("minedraft.gateway")
 
 PROMPT_WINDOW_S = 10.0      # prompt arrivals are averaged over this long
 PROMPT_MIN_SPAN_S = 1.0     # ... or since the oldest of them, but never over less than this
@@ -158,6 +163,10 @@ class StepCosts:
     # the gateway's and the clients', stalls two threads' barriers): it then runs on the
     # verifier's own cores.
     lending_judged: float | None = None
+    # The verifier's time taking one drafting step's drafts off the data plane, before its
+    # forward (its busy time leaves it out, and the gateway's share too): d in the step times
+    # of sd and psd (planner.layout_step_s).
+    data_plane_per_step: float = 0.0
 
     @property
     def lending_pays(self) -> bool:
@@ -231,6 +240,7 @@ class CostModel:
         self._lending_judged: float | None = None      # the latest judgement (see _judge_lending) ...
         self._lending_judged_at = float("-inf")         # ... and when it was made
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
+        self._data_plane: deque[float] = deque([prior.data_plane_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
         self._errors: deque[float] = deque(maxlen=256)      # |predicted - measured| / measured
         self._prompts: deque[tuple[float, int]] = deque()    # (when, prompt tokens) arriving at the verifier
@@ -243,6 +253,7 @@ class CostModel:
         self._changes = 0
         self.lent_observed_at = float("-inf")       # when a lent-core call last came back
         self._cached: tuple[tuple[int, bool], StepCosts] | None = None
+        self._refused: set[str] = set()             # kinds of report dropped (see _reported)
 
     def observe_admitted(self, request_id: str, prompt_tokens: int, max_tokens: int) -> None:
         self.observe_prompts(prompt_tokens)
@@ -297,14 +308,14 @@ class CostModel:
 
     def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0, predicted: float | None = None) -> None:
         """predicted: what the model said when the call was made (default: what it says now)."""
-        if ks and max(ks) > 0:
+        if ks and max(ks) > 0 and self._reported("the drafter's busy_s", busy_s):
             self._track(self.costs().draft(ks, new_tokens) if predicted is None else predicted, busy_s)
             self._changes += 1
             self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
 
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False,
                        predicted: float | None = None) -> None:
-        if ks:
+        if ks and self._reported("the verifier's busy_s", busy_s):
             self._track(self.costs().verify(ks, new_tokens, borrowed) if predicted is None else predicted, busy_s)
             self._changes += 1
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
@@ -324,9 +335,28 @@ class CostModel:
             if plain:
                 self._judge_lending()
 
+    def observe_data_plane(self, recv_s: float) -> None:
+        """A verify call that carried drafts: the seconds the verifier took them off the data
+        plane (its report, waiting for drafts still being drafted left out)."""
+        if self._reported("the verifier's recv_s", recv_s):
+            self._data_plane.append(recv_s)
+            self._changes += 1
+
     def observe_gateway(self, wall_s: float, busy_s: float) -> None:
-        self._gateway.append(max(0.0, wall_s - busy_s))
-        self._changes += 1
+        if self._reported("a call's busy time", busy_s):
+            self._gateway.append(max(0.0, wall_s - busy_s))
+            self._changes += 1
+
+    def _reported(self, what: str, seconds: float) -> bool:
+        """Whether a time another process reported can be fitted: finite and not negative.
+        Anything else is dropped (said once per kind): one NaN in a fit's running sums would
+        stay there for good, and every prediction and deadline after it would be NaN."""
+        if math.isfinite(seconds) and seconds >= 0.0:
+            return True
+        if what not in self._refused:
+            self._refused.add(what)
+            logger.warning("cost model: %s of %r is not a duration; such reports are not fitted", what, seconds)
+        return False
 
     def _track(self, predicted: float, measured: float) -> None:
         if measured > 0 and self.draft_calls + self.verify_calls >= 8:     # past the prior's guess
@@ -402,7 +432,7 @@ class CostModel:
                          prompt_per_output=self.prompt_per_output(),
                          verify_per_request=verify_request, borrowed_per_request=borrowed[3],
                          jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio,
-                         lending_judged=judged)
+                         lending_judged=judged, data_plane_per_step=_median(self._data_plane))
 
     def _slower_lapsed(self) -> bool:
         """Whether the latest judgement said lending slows plain decoding, and was made over

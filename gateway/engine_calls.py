@@ -198,6 +198,8 @@ class EngineCalls:
         if observe:
             self.model.observe_verify(ks, response.busy_s, new_tokens, response.borrowed,
                                       predicted=predicted if response.borrowed == borrow_cpus else None)
+            if sources and any(ks):
+                self.model.observe_data_plane(response.recv_s)
         self.record("verify", step_id, start, response.drafts_wait_s, verify_busy_s=response.busy_s,
                     data_plane_s=response.recv_s,
                     verify_batch=len(response.results), layout=layout, draft_lengths=ks, predicted_busy_s=predicted,

@@ -7,15 +7,16 @@ that request i's drafts 1..j are all accepted, a request emits E_i = 1 + sum_{j 
 tokens a step.
 
   ar   one batch, k = 0:            rate = n / V'(0..0)
-  sd   one batch, draft then verify: rate = sum E_i / (t(k) + V(k) + h g)
+  sd   one batch, draft then verify: rate = sum E_i / (t(k) + d + V(k) + h g)
   psd  batches A and B overlapped:   rate = (sum_A E + sum_B E) / T, where with early verify
          T = M(max(t(A) + V(A), t(B) + V(B)) + g, max(t(A) + t(B), V(A) + V(B)))
        and without it
          T = M(t(A), V(B)) + M(t(B), V(A)) + 2 g
 
-where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), V' the
-verifier's on the cores the idle drafter lends it (V where nothing is lent, or where lending
-was measured to slow plain decoding down), and g the
+where t and V are the drafter's and the verifier's busy time (gateway/cost_model.py), d the
+verifier's time taking a step's drafts off the data plane (before its forward: in psd's T,
+V(X) stands for d + V(X)), V' the verifier's on the cores the idle drafter lends it (V where
+nothing is lent, or where lending was measured to slow plain decoding down), and g the
 gateway's share per call (plain decoding keeps two steps in flight: its g hides). With early
 verify (the default: a step's verify goes out with its draft call and waits for the drafts
 at the verifier) a batch passes through the gateway once a step, h = 1; in psd each batch
@@ -159,7 +160,7 @@ def _psd_order(ks: tuple[int, ...]) -> list[int]:
 def layout_step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
     """The time of one step (a cycle of both batches in psd) with these draft lengths; None
     where the layout does not apply (drafts in ar, none in sd or psd, psd with one request)."""
-    g = costs.gateway_per_step
+    g, d = costs.gateway_per_step, costs.data_plane_per_step
     drafting = any(ks)
     if layout == "ar":
         return None if drafting else costs.plain_verify(list(ks))
@@ -167,13 +168,13 @@ def layout_step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float |
         return None
     hops = 1 if costs.early_verify else 2       # gateway round trips on a batch's way round
     if layout == "sd":
-        return costs.draft(list(ks)) + costs.verify(list(ks)) + hops * g
+        return costs.draft(list(ks)) + d + costs.verify(list(ks)) + hops * g
     if len(ks) < 2:
         return None
     ordered = sorted(ks, reverse=True)
     halves = (ordered[0::2], ordered[1::2])
     draft = [costs.draft(half) for half in halves]
-    verify = [costs.verify(half) for half in halves]
+    verify = [d + costs.verify(half) for half in halves]       # each takes its drafts off the data plane first
     if costs.early_verify:
         chain = max(draft[0] + verify[0], draft[1] + verify[1]) + g
         return expected_max(chain, max(draft[0] + draft[1], verify[0] + verify[1]), costs.jitter)

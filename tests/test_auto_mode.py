@@ -100,6 +100,7 @@ def test_the_plan_and_the_cost_model_are_visible(planning, prompts, reference):
     for slowdowns in (plan["layout_slowdown"], plan["layout_prefill_slowdown"]):
         assert set(slowdowns) == set(LAYOUTS) and all(0.5 <= v <= 3.0 for v in slowdowns.values())
     assert model["prompt_per_output"] > 0                        # 16 prompts of several tokens each
+    assert 0 < model.get("data_plane_per_call_s", 0) < 0.1        # the profile's drafting steps at least
     steps = _steps(planning)
     assert any(s["layout"] == "profile" for s in steps)           # the start-up profile ran
     verifies = [s for s in steps if s["kind"] == "verify" and s["layout"] != "profile"]

@@ -123,6 +123,55 @@ def test_with_early_verify_a_step_passes_the_gateway_once():
     assert layout_step_s("psd", slow_drafts, (3, 3)) == pytest.approx(24e-3)          # ... or the round: 12 + 8 + 4
 
 
+def test_the_data_plane_is_on_the_verifiers_path_in_every_drafting_layout():
+    """The verifier takes a step's drafts off the data plane before its forward: sd's step
+    and each of psd's verifies carry it, plain decoding (no drafts) never; dear enough, it
+    prices drafting out."""
+    calm = StepCosts(draft_per_forward=2e-3, draft_per_token=0.0, draft_fixed=0.0,
+                     verify_fixed=8e-3, verify_per_token=0.0, gateway_per_step=4e-3, early_verify=True)
+    plane = StepCosts(**{**calm.__dict__, "data_plane_per_step": 3e-3})
+    assert layout_step_s("sd", plane, (4, 4)) == pytest.approx(layout_step_s("sd", calm, (4, 4)) + 3e-3)
+    assert layout_step_s("ar", plane, (0, 0)) == pytest.approx(layout_step_s("ar", calm, (0, 0)))
+    # psd's round per batch (8 + 3 + 8 + 4) is longer than the verifier's two calls (2 x 11)
+    assert layout_step_s("psd", plane, (4, 4)) == pytest.approx(8e-3 + 3e-3 + 8e-3 + 4e-3)
+    slow_drafts = StepCosts(**{**plane.__dict__, "draft_per_forward": 0.5e-3, "gateway_per_step": 0.0})
+    assert layout_step_s("psd", slow_drafts, (4, 4)) == pytest.approx(2 * (3e-3 + 8e-3))   # the verifier's two
+    requests = [PlanRequest(f"r{i}", (0.9, 0.8, 0.7, 0.6), 4) for i in range(4)]
+    assert choose_plan(calm, requests, 4).layout != "ar"
+    dear = StepCosts(**{**calm.__dict__, "data_plane_per_step": 40e-3})
+    assert choose_plan(dear, requests, 4).layout == "ar"
+
+
+def test_the_cost_model_prices_the_data_plane_at_the_verifiers_reports():
+    model = CostModel()
+    assert model.costs().data_plane_per_step == 0.0
+    for recv_s in (1e-4, 2e-4, 9e-3, 3e-4, 2e-4):
+        model.observe_data_plane(recv_s)
+    assert model.costs().data_plane_per_step == pytest.approx(2e-4)       # the median: one slow call moves it little
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1e-3])
+def test_times_that_are_not_durations_are_not_fitted(bad):
+    """Times come from other processes: one NaN in a fit's running sums would make every
+    prediction (and every deadline made from one) NaN for good."""
+    model = CostModel()
+    for _ in range(4):
+        model.observe_verify([2, 2], 0.01)
+        model.observe_draft([2, 2], 0.004)
+    before = model.costs()
+    model.observe_verify([2, 2], bad)
+    model.observe_verify([0, 0], bad, borrowed=True)
+    model.observe_draft([2, 2], bad)
+    model.observe_data_plane(bad)
+    model.observe_gateway(0.02, bad)
+    assert model.costs() is before
+    after = model.costs()
+    values = [after.verify([2, 2]), after.draft([2, 2]), after.data_plane_per_step, after.gateway_per_step,
+              after.plain_verify([0, 0]), model.median_error]
+    assert all(math.isfinite(v) and v >= 0 for v in values)
+    assert model.verify_calls == 4 and model.draft_calls == 4
+
+
 def test_cost_model_jitter_follows_its_errors():
     """The jitter the planner prices overlap with is the model's median error read as a
     normal spread, capped."""

@@ -256,10 +256,14 @@ def missing_extra(specs: list[RunSpec]) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    problem = apply_presets(args) or missing_extra(run_list(args))
+    from minedraft.bench.paired import refusal, run_paired
+
+    problem = apply_presets(args) or (refusal(args) if args.paired else missing_extra(run_list(args)))
     if problem:
         print(f"minedraft bench: error: {problem}", file=sys.stderr)
         return 2
+    if args.paired:
+        return run_paired(args)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     config = {key: v for key, v in vars(args).items() if key != "func"}
@@ -321,6 +325,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="make every run at a concurrency N times, interleaved (each round in another "
                             "order); report each figure's median, the throughput's spread, and the "
                             "headline's ratios paired within rounds (median and range)")
+    bench.add_argument("--paired", type=int, default=0, metavar="N",
+                       help="start every setting's services at once and alternate N short runs of each "
+                            "(each pass in the opposite order): ratios paired within passes, many passes "
+                            "cheap; auto against each fixed setting and each pass's best (paired.json)")
     bench.add_argument("--warmup-s", type=float, default=5.0,
                        help="before each measured run, serve the run's prompts at its concurrency for this "
                             "long, unmeasured, as a running server has (auto mode's costs and acceptance "

@@ -95,7 +95,7 @@ class ServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CostModel(_message.Message):
-    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s", "prompt_per_output", "verify_per_request_s", "verify_borrowed_per_request_s", "lending_judged")
+    __slots__ = ("draft_fixed_s", "draft_per_forward_s", "draft_per_token_s", "verify_fixed_s", "verify_per_token_s", "gateway_per_call_s", "draft_calls", "verify_calls", "median_error", "verify_borrowed_fixed_s", "verify_borrowed_per_token_s", "draft_per_new_token_s", "verify_per_new_token_s", "verify_borrowed_per_new_token_s", "prompt_tokens_per_s", "prompt_per_output", "verify_per_request_s", "verify_borrowed_per_request_s", "lending_judged", "data_plane_per_call_s")
     DRAFT_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_FORWARD_S_FIELD_NUMBER: _ClassVar[int]
     DRAFT_PER_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,7 @@ class CostModel(_message.Message):
     VERIFY_PER_REQUEST_S_FIELD_NUMBER: _ClassVar[int]
     VERIFY_BORROWED_PER_REQUEST_S_FIELD_NUMBER: _ClassVar[int]
     LENDING_JUDGED_FIELD_NUMBER: _ClassVar[int]
+    DATA_PLANE_PER_CALL_S_FIELD_NUMBER: _ClassVar[int]
     draft_fixed_s: float
     draft_per_forward_s: float
     draft_per_token_s: float
@@ -134,7 +135,8 @@ class CostModel(_message.Message):
     verify_per_request_s: float
     verify_borrowed_per_request_s: float
     lending_judged: float
-    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ..., verify_per_request_s: _Optional[float] = ..., verify_borrowed_per_request_s: _Optional[float] = ..., lending_judged: _Optional[float] = ...) -> None: ...
+    data_plane_per_call_s: float
+    def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ..., verify_per_request_s: _Optional[float] = ..., verify_borrowed_per_request_s: _Optional[float] = ..., lending_judged: _Optional[float] = ..., data_plane_per_call_s: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
     __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown", "history")

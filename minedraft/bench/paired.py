@@ -1,0 +1,170 @@
+"""`minedraft bench --paired N`: every setting's services up at once, N short runs of each,
+alternating, so that a ratio between two settings comes from runs made seconds apart.
+
+A run of the usual kind starts its setting's services, warms them up and probes the host's
+pace: a quarter of a minute for a measured run of a few seconds, so rounds are few. On the
+reference machine (2 cores) the same setting's throughput swings 10-20% from one run to the
+next, within one set of processes as much as between them (fixed `ar` at C = 4: 461-567 tok/s
+over four runs in one process); with five rounds, auto against fixed `ar` at C = 4 read 0.88
+(0.84-1.02) in one sweep while twelve runs of each, alternated, read 1.00. Here the services
+start and warm up once, and the measured runs go A, B, ..., B, A, A, B, ...: each pass runs
+every setting once, the next in the opposite order, so a slow drift weighs on every setting
+alike, and a pass costs only its runs.
+
+Reported per concurrency: each setting's throughput and p50 latency (median, spread), whether
+its outputs equalled ar's, and auto's ratio to each fixed setting and to each pass's best
+fixed setting, paired within passes (median and interquartile range). The settings that are
+not running idle meanwhile: a few wake-ups a second each (liveness checks, the data plane's
+loop), so keep the list short (auto and the fixed settings it is compared with).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+from contextlib import ExitStack
+from pathlib import Path
+
+import numpy as np
+
+from minedraft.bench.driver import run_workload, warm_up
+from minedraft.bench.report import percentile
+from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, num_prompts, run_list, serve_config
+from minedraft.bench.workload import load_workload
+from minedraft.client import Client
+from minedraft.launcher import Cluster
+
+AUTO = "auto"
+
+
+def refusal(args: argparse.Namespace) -> str | None:
+    """What --paired cannot run with, or None."""
+    if args.paired < 2:
+        return "--paired: at least 2 passes (a ratio needs pairs)"
+    if args.server or args.peers or args.unequal:
+        return "--paired runs the services it starts: not with --server, --peers or --unequal"
+    if args.rounds != 1:
+        return "--paired makes its own passes: leave --rounds at 1"
+    if args.rate_steps or args.request_rate is not None:
+        return "--paired compares closed-loop runs: not with --rate-steps or --request-rate"
+    return None
+
+
+def run_paired(args: argparse.Namespace) -> int:
+    """-> 0, or 1 where an output differed from ar's."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"config": {key: v for key, v in vars(args).items() if key != "func"}, "concurrency": []}
+    same = True
+    for concurrency in args.concurrency:
+        specs = [s for s in run_list(args) if s.concurrency == concurrency and s.mode not in (PEERS, UNEQUAL)]
+        runs = measure_pairs(specs, concurrency, args)
+        summary = summarise(runs)
+        report["concurrency"].append({"concurrency": concurrency, "runs": runs, **summary})
+        print(paired_table(concurrency, summary, args.paired))
+        same = same and all(s["same_as_ar"] is not False for s in summary["settings"].values())
+        part = out / "paired.json.part"
+        part.write_text(json.dumps(report, indent=1, default=float))
+        part.replace(out / "paired.json")
+    print(f"\nwrote {out / 'paired.json'}")
+    return 0 if same else 1
+
+
+def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Start every setting, warm each up, then args.paired passes. -> setting -> its runs in
+    pass order: {pass, tokens_per_s, latency_p50_s, same_as_ar}."""
+    from minedraft.bench.main import wait_for_quiet     # (main runs this module)
+
+    workload = load_workload(args.dataset, num_prompts(concurrency, args))
+    names = [setting_name(spec) for spec in specs]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
+    with ExitStack() as stack:
+        addresses = {}
+        for spec, name in zip(specs, names):
+            print(f"[paired C={concurrency}] starting {name}", flush=True)
+            cluster = stack.enter_context(Cluster(serve_config(spec.mode, spec.k, concurrency, args)))
+            addresses[name] = cluster.address
+        for name, address in addresses.items():
+            with Client(address, timeout=600) as client:
+                client.generate(workload.prompts[0], max_tokens=4)
+            if args.warmup_s > 0:
+                asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
+                                    args.warmup_s, sampling=workload.sampling))
+        for index in range(args.paired):
+            order = names if index % 2 == 0 else names[::-1]
+            for name in order:
+                timings, wall = asyncio.run(run_workload(addresses[name], workload.prompts, args.max_tokens,
+                                                         args.ignore_eos, concurrency, None,
+                                                         f"{name} C={concurrency}", sampling=workload.sampling))
+                with Client(addresses[name], timeout=600) as client:
+                    wait_for_quiet(client)
+                runs[name].append({
+                    "pass": index,
+                    "tokens_per_s": sum(t.output_tokens for t in timings) / wall,
+                    "latency_p50_s": percentile([t.end_s - t.start_s for t in timings], 50),
+                    "token_ids": [t.token_ids for t in timings]})
+            done = ", ".join(f"{n} {runs[n][-1]['tokens_per_s']:.0f}" for n in names)
+            print(f"[paired C={concurrency}] pass {index + 1}/{args.paired}: {done} tok/s", flush=True)
+    greedy = args.synthetic_acceptance is None and not any(workload.sampling or [])
+    reference = runs.get("ar", [{}])[0].get("token_ids") if greedy else None
+    for name in names:
+        for run in runs[name]:
+            ids = run.pop("token_ids")
+            run["same_as_ar"] = None if reference is None else ids == reference
+    return runs
+
+
+def setting_name(spec: RunSpec) -> str:
+    return spec.mode if spec.mode in ("ar", AUTO) or spec.mode.startswith("ar-") else f"{spec.mode} k={spec.k}"
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "p25": float(np.percentile(values, 25)),
+            "p75": float(np.percentile(values, 75)), "min": min(values), "max": max(values)}
+
+
+def summarise(runs: dict[str, list[dict]]) -> dict:
+    """Per setting: throughput and p50 latency (median and spread) and whether every output
+    equalled ar's; auto against each fixed setting and against each pass's best fixed one,
+    as ratios paired within passes. A pass's best fixed setting is its fastest, and auto's
+    p50 is set against that setting's p50 in the same pass."""
+    settings = {name: {"tokens_per_s": _spread([r["tokens_per_s"] for r in rs]),
+                       "latency_p50_s": _spread([r["latency_p50_s"] for r in rs]),
+                       "same_as_ar": (None if any(r["same_as_ar"] is None for r in rs)
+                                      else all(r["same_as_ar"] for r in rs))}
+                for name, rs in runs.items()}
+    summary: dict = {"settings": settings}
+    fixed = [name for name in runs if name != AUTO]
+    if AUTO not in runs or not fixed:
+        return summary
+    passes = len(runs[AUTO])
+    summary["auto_over"] = {name: _spread([runs[AUTO][i]["tokens_per_s"] / runs[name][i]["tokens_per_s"]
+                                           for i in range(passes)]) for name in fixed}
+    best = [max(fixed, key=lambda name: runs[name][i]["tokens_per_s"]) for i in range(passes)]
+    summary["auto_over_best_fixed"] = _spread([runs[AUTO][i]["tokens_per_s"] / runs[b][i]["tokens_per_s"]
+                                               for i, b in enumerate(best)])
+    summary["auto_p50_over_best_fixed"] = _spread([runs[AUTO][i]["latency_p50_s"] / runs[b][i]["latency_p50_s"]
+                                                   for i, b in enumerate(best)])
+    summary["best_fixed_per_pass"] = best
+    return summary
+
+
+def paired_table(concurrency: int, summary: dict, passes: int) -> str:
+    lines = [f"\n== concurrency {concurrency}: {passes} passes, every setting once a pass, alternating order ==",
+             f"{'setting':<12} {'tok/s':>8} {'(min-max)':>15} {'p50 s':>7} {'==ar':>5} {'auto / it (IQR)':>22}"]
+    over = summary.get("auto_over", {})
+    for name, s in summary["settings"].items():
+        t, ratio = s["tokens_per_s"], over.get(name)
+        shown = f"{ratio['median']:.3f} ({ratio['p25']:.2f}-{ratio['p75']:.2f})" if ratio else ""
+        same = {None: "n/a", True: "yes", False: "NO"}[s["same_as_ar"]]
+        span = f"({t['min']:.0f}-{t['max']:.0f})"
+        lines.append(f"{name:<12} {t['median']:>8.1f} {span:>15} "
+                     f"{s['latency_p50_s']['median']:>7.3f} {same:>5} {shown:>22}")
+    if "auto_over_best_fixed" in summary:
+        b, p = summary["auto_over_best_fixed"], summary["auto_p50_over_best_fixed"]
+        lines.append(f"auto / each pass's best fixed setting: throughput {b['median']:.3f} "
+                     f"(IQR {b['p25']:.2f}-{b['p75']:.2f}), p50 latency {p['median']:.3f} "
+                     f"(IQR {p['p25']:.2f}-{p['p75']:.2f})")
+    return "\n".join(lines)
