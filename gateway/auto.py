@@ -206,8 +206,14 @@ class AutoPlanner:
         if spell is None or not spell.counted or not mature or spell.emitted <= 0:
             return
         if now > spell.since:
-            self._measured[spell.layout].append(_Measured(now, spell.draft_lengths, spell.emitted, spell.tokens,
-                                                          spell.prompt_tokens, now - spell.since))
+            measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,
+                                 now - spell.since)
+            self._measured[spell.layout].append(measured)
+            if logger.isEnabledFor(logging.DEBUG):
+                decoding, prefill = self._predicted_s(spell.layout, measured, self.costs(), {})
+                logger.debug("auto: %s for %d requests measured %.1f ms for %d tokens and %d prompt tokens; "
+                             "predicted %.1f + %.1f ms", spell.layout, len(spell.draft_lengths), 1e3 * measured.seconds,
+                             spell.tokens, spell.prompt_tokens, 1e3 * decoding, 1e3 * prefill)
 
     def _recent(self, layout: str, since: float | None = None) -> list[_Measured]:
         """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an

@@ -268,3 +268,52 @@ def test_the_pace_after_a_run_waits_for_the_steps_pipelined_past_its_end():
     start = time.monotonic()
     wait_for_quiet(slow, quiet_s=0.001)
     assert time.monotonic() - start >= 0.4 and slow.calls == 3     # two waits of twice a step
+
+
+def test_paired_summary_pairs_auto_with_each_passes_best_fixed_setting():
+    """Ratios are taken within a pass, against whichever fixed setting was fastest in it (a
+    different one per pass here), and the p50 against that same setting's."""
+    from minedraft.bench.paired import summarise
+
+    def run(index, tps, p50, same=True):
+        return {"pass": index, "started_s": float(index), "tokens_per_s": tps, "latency_p50_s": p50, "same_as_ar": same}
+
+    runs = {"auto": [{**run(0, 100, 0.50), "layout_share": {"ar": 1.0}, "lent_share": 1.0},
+                     {**run(1, 120, 0.40), "layout_share": {"ar": 0.7, "psd": 0.3}, "lent_share": 0.5},
+                     {**run(2, 90, 0.60), "layout_share": {"ar": 1.0}, "lent_share": 0.0}],
+            "ar": [run(0, 110, 0.45), run(1, 100, 0.50), run(2, 100, 0.50)],
+            "sd k=2": [run(0, 90, 0.55), run(1, 130, 0.38), run(2, 80, 0.70, same=False)]}
+    summary = summarise(runs)
+    assert summary["best_fixed_per_pass"] == ["ar", "sd k=2", "ar"]
+    assert summary["auto_over_best_fixed"]["median"] == pytest.approx(100 / 110)
+    assert summary["auto_over_best_fixed"]["min"] == pytest.approx(90 / 100)
+    assert summary["auto_over_best_fixed"]["max"] == pytest.approx(120 / 130)
+    assert summary["auto_p50_over_best_fixed"]["median"] == pytest.approx(0.50 / 0.45)   # of 1.11, 1.05, 1.2
+    assert summary["auto_over"]["ar"]["median"] == pytest.approx(100 / 110)
+    assert summary["auto_over"]["sd k=2"]["median"] == pytest.approx(100 / 90)
+    settings = summary["settings"]
+    assert settings["ar"]["tokens_per_s"]["median"] == 100 and settings["auto"]["tokens_per_s"]["max"] == 120
+    assert settings["ar"]["same_as_ar"] is True and settings["sd k=2"]["same_as_ar"] is False
+    assert summary["auto_layout_share"] == pytest.approx({"ar": 0.9, "psd": 0.1})
+    assert summary["auto_lent_share"] == pytest.approx(0.5)
+    assert "auto_over" not in summarise({name: rs for name, rs in runs.items() if name != "auto"})
+
+
+def test_paired_cli_keeps_every_setting_up_and_alternates_their_runs(tmp_path):
+    from minedraft.cli import main
+
+    assert main(["bench", "--modes", "auto", "ar", "--concurrency", "2", "--paired", "3", "--num-prompts", "4",
+                 "--max-tokens", "8", "--warmup-s", "0", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "paired.json").read_text())
+    (at_c2,) = report["concurrency"]
+    runs = at_c2["runs"]
+    assert set(runs) == {"auto", "ar"} and all(len(rs) == 3 for rs in runs.values())
+    assert all(r["same_as_ar"] is True for rs in runs.values() for r in rs)
+    # auto first, then ar; the next pass the other way round; and so on.
+    order = sorted(((r["started_s"], name) for name, rs in runs.items() for r in rs))
+    assert [name for _, name in order] == ["auto", "ar", "ar", "auto", "auto", "ar"]
+    ratios = sorted(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["auto"], runs["ar"]))
+    assert at_c2["auto_over"]["ar"]["median"] == pytest.approx(ratios[1])
+    for refused in (["--paired", "1"], ["--paired", "2", "--peers"], ["--paired", "2", "--rounds", "2"],
+                    ["--paired", "2", "--request-rate", "4"]):
+        assert main(["bench", "--modes", "ar", *refused, "--out", str(tmp_path / "refused")]) == 2

@@ -24,13 +24,14 @@ import argparse
 import asyncio
 import json
 import statistics
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 
 from minedraft.bench.driver import run_workload, warm_up
-from minedraft.bench.report import percentile
+from minedraft.bench.report import auto_metrics, percentile, plain
 from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, num_prompts, run_list, serve_config
 from minedraft.bench.workload import load_workload
 from minedraft.client import Client
@@ -74,7 +75,8 @@ def run_paired(args: argparse.Namespace) -> int:
 
 def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespace) -> dict[str, list[dict]]:
     """Start every setting, warm each up, then args.paired passes. -> setting -> its runs in
-    pass order: {pass, tokens_per_s, latency_p50_s, same_as_ar}."""
+    pass order: {pass, started_s, tokens_per_s, latency_p50_s, same_as_ar, and auto's
+    layout_share and lent_share (report.auto_metrics)}."""
     from minedraft.bench.main import wait_for_quiet     # (main runs this module)
 
     workload = load_workload(args.dataset, num_prompts(concurrency, args))
@@ -92,19 +94,25 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
             if args.warmup_s > 0:
                 asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
                                     args.warmup_s, sampling=workload.sampling))
+        began = time.perf_counter()
         for index in range(args.paired):
             order = names if index % 2 == 0 else names[::-1]
             for name in order:
+                with Client(addresses[name], timeout=600) as client:
+                    wait_for_quiet(client)          # (the warm-up's last steps)
+                    newest = max((s["step_id"] for s in client.step_stats(max_steps=1)), default=-1)
+                started_s = time.perf_counter() - began
                 timings, wall = asyncio.run(run_workload(addresses[name], workload.prompts, args.max_tokens,
                                                          args.ignore_eos, concurrency, None,
                                                          f"{name} C={concurrency}", sampling=workload.sampling))
                 with Client(addresses[name], timeout=600) as client:
                     wait_for_quiet(client)
+                    steps = [s for s in plain(client.step_stats()) if s["step_id"] > newest]
                 runs[name].append({
-                    "pass": index,
+                    "pass": index, "started_s": started_s,
                     "tokens_per_s": sum(t.output_tokens for t in timings) / wall,
                     "latency_p50_s": percentile([t.end_s - t.start_s for t in timings], 50),
-                    "token_ids": [t.token_ids for t in timings]})
+                    **auto_metrics(steps), "token_ids": [t.token_ids for t in timings]})
             done = ", ".join(f"{n} {runs[n][-1]['tokens_per_s']:.0f}" for n in names)
             print(f"[paired C={concurrency}] pass {index + 1}/{args.paired}: {done} tok/s", flush=True)
     greedy = args.synthetic_acceptance is None and not any(workload.sampling or [])
@@ -148,6 +156,12 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     summary["auto_p50_over_best_fixed"] = _spread([runs[AUTO][i]["latency_p50_s"] / runs[b][i]["latency_p50_s"]
                                                    for i, b in enumerate(best)])
     summary["best_fixed_per_pass"] = best
+    shares = [r.get("layout_share", {}) for r in runs[AUTO]]
+    summary["auto_layout_share"] = {layout: statistics.mean(share.get(layout, 0.0) for share in shares)
+                                    for layout in sorted({layout for share in shares for layout in share})}
+    lent = [r["lent_share"] for r in runs[AUTO] if "lent_share" in r]
+    if lent:
+        summary["auto_lent_share"] = statistics.mean(lent)
     return summary
 
 
@@ -167,4 +181,7 @@ def paired_table(concurrency: int, summary: dict, passes: int) -> str:
         lines.append(f"auto / each pass's best fixed setting: throughput {b['median']:.3f} "
                      f"(IQR {b['p25']:.2f}-{b['p75']:.2f}), p50 latency {p['median']:.3f} "
                      f"(IQR {p['p25']:.2f}-{p['p75']:.2f})")
+        layouts = ", ".join(f"{layout} {share:.0%}" for layout, share in summary["auto_layout_share"].items())
+        lent = f"; plain steps on the lent cores {summary['auto_lent_share']:.0%}" if "auto_lent_share" in summary else ""
+        lines.append(f"auto's steps: {layouts or 'none recorded'}{lent}")
     return "\n".join(lines)
