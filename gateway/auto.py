@@ -87,6 +87,8 @@ HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen a
                             # them slower, went back, and chose them again half a second later
                             # (3 of 5 runs drafted so for a fifth to half of their steps: 0.86,
                             # 0.92 and 1.04 of fixed `ar`)
+SPELL_BATCH = 1.25          # a spell is measured only if its steps' mean batch is within this factor
+                            # of its plan's (see _as_planned)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
@@ -101,6 +103,8 @@ class _Spell:
                                     # pipeline refills and drafting catches up: the switch's cost)
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
     prompt_tokens: int = 0          # ... and prefilled by them
+    batch_sum: int = 0              # ... and the requests they verified (steps with any), for the
+    batch_steps: int = 0            # mean batch: a spell is measured against its plan's steps
 
 
 class _Measured(NamedTuple):
@@ -112,6 +116,19 @@ class _Measured(NamedTuple):
     tokens: int
     prompt_tokens: int
     seconds: float
+
+
+def _as_planned(spell: _Spell) -> bool:
+    """Whether the spell's steps verified about the batch its plan was made for (within
+    SPELL_BATCH; psd's steps are half batches). Its prediction is its plan's step: a spell
+    planned for 2 requests at a wave's tail in which one ran read 1.9x slow, one planned for 3
+    in which 4 ran 0.8x, and such readings moved the slowdowns that decide (plain decoding's
+    read 1.5 in one C = 4 run, and psd, predicted ahead, was chosen and ran at 0.8 of it)."""
+    if not spell.batch_steps:
+        return True
+    planned = len(spell.draft_lengths) / (2 if spell.layout == "psd" else 1)
+    mean = spell.batch_sum / spell.batch_steps
+    return planned / SPELL_BATCH <= mean <= planned * SPELL_BATCH
 
 
 def _same_load(running: int, then: int) -> bool:
@@ -166,16 +183,19 @@ class AutoPlanner:
         self.clock_origin = time.perf_counter()
 
     # ---- measuring -------------------------------------------------------------------------
-    def observe_step(self, layout: str, tokens: int, prompt_tokens: int) -> None:
+    def observe_step(self, layout: str, tokens: int, prompt_tokens: int, batch: int | None = None) -> None:
         """A verify step in `layout` came back ("" while the batches are still moving to the
         plan's layout): the tokens it gave its requests (accepted drafts and the target's
-        own) and the prompt tokens it prefilled."""
+        own), the prompt tokens it prefilled and the requests it verified."""
         self._steps += 1
         if layout == self.plan.layout and self._settling:
             self._settling -= 1
         if self._spell is not None:
             self._spell.tokens += tokens
             self._spell.prompt_tokens += prompt_tokens
+            if batch:
+                self._spell.batch_sum += batch
+                self._spell.batch_steps += 1
 
     def idle(self) -> None:
         """Nothing is running: the spell in force ends now, measured up to its last step
@@ -203,7 +223,7 @@ class AutoPlanner:
         spell, self._spell = self._spell, None
         mature = self.model.verify_calls >= MATURE_CALLS and (spell is None or spell.layout == "ar"
                                                               or self.model.draft_calls >= MATURE_CALLS)
-        if spell is None or not spell.counted or not mature or spell.emitted <= 0:
+        if spell is None or not spell.counted or not mature or spell.emitted <= 0 or not _as_planned(spell):
             return
         if now > spell.since:
             measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,

@@ -52,8 +52,10 @@ logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
 PROFILE_DRAFTER_WAIT_S = 10.0   # auto mode's start-up profile waits this long for a first drafter
 LEND_RECHECK_S = 30.0           # lent cores measured to slow plain decoding are tried again after this;
-OWN_WINDOW = 8                  # while lending pays, this many plain steps run on the own cores as often,
-                                # so lending is judged beside steps of today's requests
+OWN_WINDOW = 8                  # while lending pays, this many plain steps run on the own cores as often
+                                # (every LEND_RECHECK_S of plain decoding on the lent cores, idle time
+                                # not counted), so lending is judged beside steps of today's requests
+PLAIN_GAP_S = 1.0               # lent plain steps further apart than this were not one spell of decoding
 
 
 class BatchManager:
@@ -77,7 +79,8 @@ class BatchManager:
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
         self._lend_trial_left = 0               # plain steps still to borrow in a re-check of lending ...
         self._own_left = 0                      # ... or to run on the own cores in one of lending that pays
-        self._own_checked_at = time.monotonic()
+        self._lent_decoding_s = 0.0             # plain decoding on the lent cores since the last own-core window
+        self._lent_step_at = float("-inf")      # ... and when its latest step went out
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
         METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
@@ -342,12 +345,18 @@ class BatchManager:
         """Whether this plain step borrows the drafter's cores: while that was measured to pay
         (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
         change of load or machine is noticed (docs/auto.md, "Same hardware, all of it").
-        While it pays, OWN_WINDOW steps as often run on the own cores: lending is judged only
-        beside own-core steps that ran near the lent ones (CostModel._judge_lending)."""
+        While it pays, OWN_WINDOW steps run on the own cores every LEND_RECHECK_S of lent plain
+        decoding: lending is judged only beside own-core steps that ran near the lent ones
+        (CostModel._judge_lending). Counted in decoding time, not wall time: a server that
+        serves in bursts would otherwise pay a window in most bursts (at C = 64, 3-4% of the
+        steps of a bench run on one core, each near twice as long)."""
         if self.planner.costs().lending_pays:
             now = time.monotonic()
-            if self._own_left <= 0 and now - self._own_checked_at >= LEND_RECHECK_S:
-                self._own_left, self._own_checked_at = OWN_WINDOW, now
+            if now - self._lent_step_at <= PLAIN_GAP_S:
+                self._lent_decoding_s += now - self._lent_step_at
+            self._lent_step_at = now
+            if self._own_left <= 0 and self._lent_decoding_s >= LEND_RECHECK_S:
+                self._own_left, self._lent_decoding_s = OWN_WINDOW, 0.0
             if self._own_left > 0:
                 self._own_left -= 1
                 return False
@@ -385,7 +394,7 @@ class BatchManager:
         # and the drafters have caught up with what was verified without them.
         settled = caught_up and self._in_shape()
         self.planner.observe_step(layout if settled else "", sum(len(r.token_ids) for r in response.results),
-                                  prompt_tokens)
+                                  prompt_tokens, batch=len(response.results))
         results = {r.request_id: r for r in response.results}
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:

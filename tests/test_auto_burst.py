@@ -118,9 +118,9 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         observed = []
         observe = manager.planner.observe_step
 
-        def recording(layout, tokens, prompt_tokens):
+        def recording(layout, tokens, prompt_tokens, batch=None):
             observed.append(layout)
-            observe(layout, tokens, prompt_tokens)
+            observe(layout, tokens, prompt_tokens, batch)
             if observed.count("ar") == 6:                   # six tokens each, the drafter unaware
                 plan["layout"] = "sd"                       # (switched here: a step takes no time)
 

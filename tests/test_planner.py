@@ -455,6 +455,31 @@ def test_a_layout_that_delivers_less_than_predicted_stops_being_chosen(clock, no
     assert plan.layout != "psd" and planner.layout_switches == 2
 
 
+def test_a_spell_whose_steps_verified_another_batch_than_planned_is_not_measured(clock, no_first_trial_of_sd):
+    """A spell is measured against its plan's step: one planned for 8 requests whose steps
+    verified 2 (a wave's tail) or 16 says nothing about the plan's layout and is left out;
+    steps of about the planned batch (psd: half of it) are measured as before."""
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    requests = [_active(i) for i in range(8)]
+
+    def run(planner, batch: int, spells: int = 4) -> list[str]:
+        ran = []
+        for _ in range(spells):
+            plan = planner.replan(requests, K_MAX)
+            ran.append(plan.layout)
+            for _ in range(STEPS_PER_SPELL):
+                planner.observe_step(plan.layout, round(plan.tokens_per_s * 0.2 * 0.5 / STEPS_PER_SPELL), 0,
+                                     batch=batch)
+            clock[0] += 0.2
+        return ran
+
+    for batch, counted in ((2, False), (16, False), (4, True), (5, True), (None, True)):
+        planner = _planner_with(costs)
+        assert run(planner, batch)[:3] == ["psd"] * 3
+        assert planner.slowdown("psd") == (pytest.approx(2.0, rel=0.03) if counted else 1.0), batch
+
+
 def test_idle_time_is_no_layouts(clock):
     """The idle time after a spell is not measured, nor is the first spell after it."""
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
@@ -733,7 +758,8 @@ def _auto_manager():
 
 def test_while_lending_pays_a_few_plain_steps_run_on_the_own_cores_now_and_then(monkeypatch):
     """Own-core plain steps are what lending is judged beside, and while it pays none run
-    otherwise: every LEND_RECHECK_S, OWN_WINDOW of them."""
+    otherwise: OWN_WINDOW of them every LEND_RECHECK_S of plain decoding, idle time between
+    steps not counted."""
     from gateway import batch_manager
 
     now = [100.0]
@@ -741,11 +767,23 @@ def test_while_lending_pays_a_few_plain_steps_run_on_the_own_cores_now_and_then(
     manager = _auto_manager()
     manager.planner.model, _ = _lent_model(0.6)
     assert manager.planner.costs().lending_pays
-    assert all(manager._lend() for _ in range(100))
+    per_window = int(batch_manager.LEND_RECHECK_S / 0.01)
+
+    def steps(n: int) -> list[bool]:
+        lent = []
+        for _ in range(n):
+            now[0] += 0.01                          # a step every 10 ms
+            lent.append(manager._lend())
+        return lent
+
+    assert all(steps(per_window - 10))
     for _ in range(3):
-        now[0] += batch_manager.LEND_RECHECK_S + 1
-        lent = [manager._lend() for _ in range(100)]
-        assert lent == [False] * batch_manager.OWN_WINDOW + [True] * (100 - batch_manager.OWN_WINDOW)
+        now[0] += batch_manager.LEND_RECHECK_S + 1      # idle: no window owed for it
+        assert all(steps(5))
+        lent = steps(per_window)
+        first = lent.index(False)
+        assert lent[first:first + batch_manager.OWN_WINDOW] == [False] * batch_manager.OWN_WINDOW
+        assert lent.count(False) == batch_manager.OWN_WINDOW
 
 
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
@@ -767,8 +805,7 @@ def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     manager.planner.model.lent_observed_at = now[0]                 # (its steps came back)
     assert not manager._lend()                                      # ... and no more
     manager.planner.model, _ = _lent_model(0.6)
-    manager._own_checked_at = now[0]                                # (no own-core window due now)
-    assert manager._lend()
+    assert manager._lend()                                          # (no own-core window is due)
 
 
 def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
