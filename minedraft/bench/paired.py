@@ -28,12 +28,10 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-import numpy as np
-
 from minedraft.bench.driver import run_workload, warm_up
-from minedraft.bench.report import auto_metrics, percentile, plain
-from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, num_prompts, run_list, serve_config
-from minedraft.bench.workload import load_workload
+from minedraft.bench.main import wait_for_quiet, workload_for
+from minedraft.bench.report import auto_metrics, percentile, plain, request_metrics
+from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, run_list, serve_config
 from minedraft.client import Client
 from minedraft.launcher import Cluster
 
@@ -77,9 +75,7 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
     """Start every setting, warm each up, then args.paired passes. -> setting -> its runs in
     pass order: {pass, started_s, tokens_per_s, latency_p50_s, same_as_ar, and auto's
     layout_share and lent_share (report.auto_metrics)}."""
-    from minedraft.bench.main import wait_for_quiet     # (main runs this module)
-
-    workload = load_workload(args.dataset, num_prompts(concurrency, args))
+    workload = workload_for(concurrency, args)
     names = [setting_name(spec) for spec in specs]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     with ExitStack() as stack:
@@ -94,12 +90,13 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
             if args.warmup_s > 0:
                 asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
                                     args.warmup_s, sampling=workload.sampling))
+            with Client(address, timeout=600) as client:
+                wait_for_quiet(client)              # (the warm-up's last steps; each run waits for its own)
         began = time.perf_counter()
         for index in range(args.paired):
             order = names if index % 2 == 0 else names[::-1]
             for name in order:
                 with Client(addresses[name], timeout=600) as client:
-                    wait_for_quiet(client)          # (the warm-up's last steps)
                     newest = max((s["step_id"] for s in client.step_stats(max_steps=1)), default=-1)
                 started_s = time.perf_counter() - began
                 timings, wall = asyncio.run(run_workload(addresses[name], workload.prompts, args.max_tokens,
@@ -108,10 +105,10 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
                 with Client(addresses[name], timeout=600) as client:
                     wait_for_quiet(client)
                     steps = [s for s in plain(client.step_stats()) if s["step_id"] > newest]
+                metrics = request_metrics(timings, wall)
                 runs[name].append({
-                    "pass": index, "started_s": started_s,
-                    "tokens_per_s": sum(t.output_tokens for t in timings) / wall,
-                    "latency_p50_s": percentile([t.end_s - t.start_s for t in timings], 50),
+                    "pass": index, "started_s": started_s, "tokens_per_s": metrics["output_tokens_per_s"],
+                    "latency_p50_s": metrics["latency_p50_s"],
                     **auto_metrics(steps), "token_ids": [t.token_ids for t in timings]})
             done = ", ".join(f"{n} {runs[n][-1]['tokens_per_s']:.0f}" for n in names)
             print(f"[paired C={concurrency}] pass {index + 1}/{args.paired}: {done} tok/s", flush=True)
@@ -129,8 +126,8 @@ def setting_name(spec: RunSpec) -> str:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "p25": float(np.percentile(values, 25)),
-            "p75": float(np.percentile(values, 75)), "min": min(values), "max": max(values)}
+    return {"median": statistics.median(values), "p25": percentile(values, 25),
+            "p75": percentile(values, 75), "min": min(values), "max": max(values)}
 
 
 def summarise(runs: dict[str, list[dict]]) -> dict:
