@@ -51,7 +51,10 @@ from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2
 logger = logging.getLogger("minedraft.gateway")
 LEAVE_FREE_TIMEOUT_S = 5.0      # a drafter leaving gracefully gets this long to free its requests
 PROFILE_DRAFTER_WAIT_S = 10.0   # auto mode's start-up profile waits this long for a first drafter
-LEND_RECHECK_S = 30.0           # lent cores measured to slow plain decoding are tried again after this;
+LEND_FIRST_RECHECK_S = 2.0      # lent cores measured to slow plain decoding are tried again after this,
+                                # then after four times as long each time they are still slower, up to
+LEND_RECHECK_S = 30.0           # this (a reading made during a moment's contention costs seconds, not
+                                # half a minute on one core); and
 OWN_WINDOW = 8                  # while lending pays, this many plain steps run on the own cores as often
                                 # (every LEND_RECHECK_S of plain decoding on the lent cores, idle time
                                 # not counted), so lending is judged beside steps of today's requests
@@ -81,6 +84,8 @@ class BatchManager:
         self._own_left = 0                      # ... or to run on the own cores in one of lending that pays
         self._lent_decoding_s = 0.0             # plain decoding on the lent cores since the last own-core window
         self._lent_step_at = float("-inf")      # ... and when its latest step went out
+        self._own_window_for: float | None = None   # the doubt about lending an own-core window was run for
+        self._lend_recheck_s = LEND_FIRST_RECHECK_S     # the wait before lending measured slower is re-checked
         self.requests: dict[str, ActiveRequest] = {}
         self._background: set[asyncio.Future] = set()
         METRICS.watch(self)                     # its queues, KV, pool and layout, read when scraped
@@ -343,27 +348,39 @@ class BatchManager:
 
     def _lend(self) -> bool:
         """Whether this plain step borrows the drafter's cores: while that was measured to pay
-        (or never measured), and for a window of steps every LEND_RECHECK_S otherwise, so a
+        (or never measured), and for a window of steps now and then otherwise, so a
         change of load or machine is noticed (docs/auto.md, "Same hardware, all of it").
         While it pays, OWN_WINDOW steps run on the own cores every LEND_RECHECK_S of lent plain
         decoding: lending is judged only beside own-core steps that ran near the lent ones
         (CostModel._judge_lending). Counted in decoding time, not wall time: a server that
         serves in bursts would otherwise pay a window in most bursts (at C = 64, 3-4% of the
-        steps of a bench run on one core, each near twice as long)."""
+        steps of a bench run on one core, each near twice as long).
+        A first reading of lending as slower is a doubt (CostModel._judge_lending): a window
+        of own-core steps runs at once, and the lent steps after it confirm or clear it.
+        Measured slower, lending is re-checked LEND_FIRST_RECHECK_S after its last lent step,
+        then ever less often (up to every LEND_RECHECK_S) while it stays slower."""
+        model = self.planner.model
         if self.planner.costs().lending_pays:
+            self._lend_recheck_s = LEND_FIRST_RECHECK_S
             now = time.monotonic()
             if now - self._lent_step_at <= PLAIN_GAP_S:
                 self._lent_decoding_s += now - self._lent_step_at
             self._lent_step_at = now
+            doubt = model.lending_doubted_at
+            if self._own_left <= 0 and doubt is not None and doubt != self._own_window_for:
+                self._own_left, self._own_window_for, self._lent_decoding_s = OWN_WINDOW, doubt, 0.0
             if self._own_left <= 0 and self._lent_decoding_s >= LEND_RECHECK_S:
                 self._own_left, self._lent_decoding_s = OWN_WINDOW, 0.0
             if self._own_left > 0:
                 self._own_left -= 1
                 return False
             return True
-        if self._lend_trial_left <= 0 and time.monotonic() - self.planner.model.lent_observed_at < LEND_RECHECK_S:
-            return False
-        self._lend_trial_left = (self._lend_trial_left or LENT_WINDOW) - 1
+        if self._lend_trial_left <= 0:
+            if time.monotonic() - model.lent_observed_at < self._lend_recheck_s:
+                return False
+            self._lend_trial_left = LENT_WINDOW
+            self._lend_recheck_s = min(LEND_RECHECK_S, 4 * self._lend_recheck_s)
+        self._lend_trial_left -= 1
         return True
 
     async def flush_frees(self) -> None:

@@ -239,6 +239,7 @@ class CostModel:
         self._lent_plain: deque[tuple[float, int, float]] = deque(maxlen=LENT_WINDOW)
         self._lending_judged: float | None = None      # the latest judgement (see _judge_lending) ...
         self._lending_judged_at = float("-inf")         # ... and when it was made
+        self._lending_doubted_at: float | None = None   # a first reading of lending as slower, unconfirmed
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._data_plane: deque[float] = deque([prior.data_plane_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
@@ -440,6 +441,12 @@ class CostModel:
         return (self._lending_judged is not None and self._lending_judged > 1.0
                 and time.monotonic() - self._lending_judged_at > SLOWER_JUDGED_FOR_S)
 
+    @property
+    def lending_doubted_at(self) -> float | None:
+        """When lending was first read slower than the own cores and not yet confirmed (the
+        latest lent call that reading rested on); None when no such reading is pending."""
+        return self._lending_doubted_at
+
     def _judge_lending(self) -> None:
         """Judged after each plain decode call, lent or not (only those change it): the median,
         over recent lent-core plain decode calls, of each one's busy time over the median of
@@ -450,25 +457,44 @@ class CostModel:
         lending pays: the Batch Manager runs a few now and then (BatchManager._lend).
         A judgement is dated by the latest lent call it rests on, so that judging the same
         calls again later (as new lent calls without own-core partners arrive) does not make
-        it new (see SLOWER_JUDGED_FOR_S)."""
-        if len(self._lent_plain) < LENT_JUDGED:
+        it new (see SLOWER_JUDGED_FOR_S).
+        Turning lending off takes two readings in a row: a first one that says slower is only
+        a doubt (`lending_doubted_at`; lending goes on), confirmed or cleared by lent calls made
+        after it, beside own-core calls near them (the Batch Manager runs a window of them at
+        once). One reading rests on a few steps of each side, and whatever slowed the lent
+        ones for a moment (another process waking on the lent core) stood for a minute: a
+        bench run at C = 1 decoded on one core at ar-1core's pace after such a reading (2.0x)
+        in its warm-up, and plain decoding priced on one core can lose the plan to a drafting
+        layout. A standing judgement that lending is slower is renewed on one reading."""
+        doubt = self._lending_doubted_at
+        lent = [call for call in self._lent_plain if doubt is None or call[0] > doubt]
+        if len(lent) < LENT_JUDGED:
             return
         # Both windows are in time order (appended as calls return): each lent call's partners
         # are found by bisection, so a judgement costs about (lent calls) x (partners each),
         # not x (own calls kept); it runs after every plain step.
         own = list(self._own_plain)
         times = [t for t, _, _ in own]
-        lo = bisect_left(times, self._lent_plain[0][0] - PAIRED_WITHIN_S)
-        hi = bisect_right(times, self._lent_plain[-1][0] + PAIRED_WITHIN_S, lo)
+        lo = bisect_left(times, lent[0][0] - PAIRED_WITHIN_S)
+        hi = bisect_right(times, lent[-1][0] + PAIRED_WITHIN_S, lo)
         if hi - lo < OWN_PARTNERS:
             return      # (after every lent step: while lending pays, no own-core call is near)
         ratios, latest = [], float("-inf")
-        for when, batch, busy in self._lent_plain:
+        for when, batch, busy in lent:
             start = bisect_left(times, when - PAIRED_WITHIN_S, lo, hi)
             end = bisect_right(times, when + PAIRED_WITHIN_S, start, hi)
             partners = [b for _, n, b in own[start:end] if batch / SAME_BATCH <= n <= batch * SAME_BATCH]
             if len(partners) >= OWN_PARTNERS:
                 ratios.append(busy / _median(partners))
                 latest = max(latest, when)
-        if len(ratios) >= LENT_JUDGED:
-            self._lending_judged, self._lending_judged_at = _median(ratios), latest
+        if len(ratios) < LENT_JUDGED:
+            return
+        judged = _median(ratios)
+        slower_stands = (self._lending_judged is not None and self._lending_judged > 1.0
+                         and not self._slower_lapsed())
+        if judged > 1.0 and doubt is None and not slower_stands:
+            if latest >= time.monotonic() - PAIRED_WITHIN_S:    # (not old calls read again)
+                self._lending_doubted_at = latest
+            return
+        self._lending_doubted_at = None
+        self._lending_judged, self._lending_judged_at = judged, latest

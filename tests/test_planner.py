@@ -602,11 +602,12 @@ def _lent_model(ratio: float) -> tuple[CostModel, StepCosts]:
 
     model = CostModel()
     own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0, verify_per_request=0.0001)
-    for n in (1, 4, 16, 32):
-        for k in (0,) * OWN_PARTNERS + (2,):
-            model.observe_verify([k] * n, own.verify([k] * n))
-    for n in (1, 4, 16, 32, 8) * 2:
-        model.observe_verify([0] * n, ratio * own.verify([0] * n), borrowed=True)
+    for _ in range(2):          # twice: a first reading of lending as slower is only a doubt
+        for n in (1, 4, 16, 32):
+            for k in (0,) * OWN_PARTNERS + (2,):
+                model.observe_verify([k] * n, own.verify([k] * n))
+        for n in (1, 4, 16, 32, 8) * 2:
+            model.observe_verify([0] * n, ratio * own.verify([0] * n), borrowed=True)
     return model, own
 
 
@@ -641,9 +642,15 @@ def test_a_few_slow_lent_calls_do_not_judge_lending():
     assert costs.lent_ratio == pytest.approx(1.0) and costs.lending_pays
     assert costs.plain_verify([0]) == pytest.approx(costs.verify([0]))         # the own cores' price
     model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
+    costs = model.costs()                                   # a first reading: a doubt only
+    assert model.lending_doubted_at is not None and costs.lent_ratio == pytest.approx(1.0) and costs.lending_pays
+    for n in (1, 4) * OWN_PARTNERS:                         # confirmed beside own-core calls after it
+        model.observe_verify([0] * n, own.verify([0] * n))
+    for _ in range(LENT_JUDGED):
+        model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
     costs = model.costs()
-    assert costs.lent_ratio > 1.2 and not costs.lending_pays
-    for _ in range(LENT_JUDGED + 1):                                 # faster ones outvote them
+    assert costs.lent_ratio > 1.2 and not costs.lending_pays and model.lending_doubted_at is None
+    for _ in range(2 * LENT_JUDGED + 1):                             # faster ones outvote them
         model.observe_verify([0], 0.7 * own.verify([0]), borrowed=True)
     assert model.costs().lending_pays
 
@@ -667,8 +674,11 @@ def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_f
         model.observe_verify([0] * n, 2.0 * own.verify([0] * n))
     costs = model.costs()
     assert costs.lending_judged == pytest.approx(0.65, rel=0.05) and costs.lending_pays
-    for n in (4, 16) * 8:                                   # ... or cheaper: lending loses
+    for n in (4, 16) * 8:                                   # ... or cheaper: lending loses,
         model.observe_verify([0] * n, 0.5 * own.verify([0] * n))
+    assert model.lending_doubted_at is not None and model.costs().lending_pays     # first a doubt,
+    for n in (4, 16) * 4:                                   # confirmed by lent calls after it
+        model.observe_verify([0] * n, 1.3 * own.verify([0] * n), borrowed=True)
     costs = model.costs()
     assert costs.lending_judged > 1.5 and not costs.lending_pays
     assert costs.plain_verify([0] * 4) == pytest.approx(costs.verify([0] * 4))
@@ -705,8 +715,12 @@ def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypat
     for _ in range(LENT_WINDOW):                            # the judgement stands
         model.observe_verify([0] * 8, 0.007, borrowed=True)
     assert model.costs().lending_judged == pytest.approx(0.006 / 0.009)
-    for _ in range(OWN_PARTNERS):                           # judged afresh beside new own steps
+    for _ in range(OWN_PARTNERS):                           # read afresh beside new own steps: a doubt ...
         model.observe_verify([0] * 8, 0.0056)
+    assert model.lending_doubted_at == now[0] and model.costs().lending_pays
+    now[0] += 0.1
+    for _ in range(LENT_JUDGED):                            # ... that lent steps after it confirm
+        model.observe_verify([0] * 8, 0.007, borrowed=True)
     assert model.costs().lending_judged == pytest.approx(1.25) and not model.costs().lending_pays
 
 
@@ -724,7 +738,11 @@ def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
     model = CostModel()
     for _ in range(OWN_PARTNERS):
         model.observe_verify([0] * 8, 0.004)
-    for _ in range(LENT_JUDGED):                            # lent steps slowed by contention
+    for _ in range(LENT_JUDGED):                            # lent steps slowed by contention ...
+        model.observe_verify([0] * 8, 0.008, borrowed=True)
+    assert model.lending_doubted_at is not None and model.costs().lending_pays
+    now[0] += 0.1
+    for _ in range(LENT_JUDGED):                            # ... and still, just after
         model.observe_verify([0] * 8, 0.008, borrowed=True)
     costs = model.costs()
     assert costs.lending_judged == pytest.approx(2.0) and not costs.lending_pays
@@ -738,9 +756,13 @@ def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
     assert costs.lending_judged is None and costs.lending_pays
     assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8, borrowed=True))
     assert costs.verify([0] * 8, borrowed=True) <= costs.verify([0] * 8)
-    for _ in range(OWN_PARTNERS):                           # judged afresh: slower again
+    for _ in range(OWN_PARTNERS):                           # judged afresh: slower again (twice)
         model.observe_verify([0] * 8, 0.004)
     for _ in range(LENT_WINDOW):
+        model.observe_verify([0] * 8, 0.006, borrowed=True)
+    assert model.lending_doubted_at is not None and model.costs().lending_pays
+    now[0] += 0.1
+    for _ in range(LENT_JUDGED):
         model.observe_verify([0] * 8, 0.006, borrowed=True)
     assert model.costs().lending_judged == pytest.approx(1.5) and not model.costs().lending_pays
 
@@ -788,24 +810,75 @@ def test_while_lending_pays_a_few_plain_steps_run_on_the_own_cores_now_and_then(
 
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     """Plain steps stop borrowing once lending was measured slower, and borrow again for a
-    window of steps (enough to renew the measured ratio) every LEND_RECHECK_S."""
-    from gateway import batch_manager
+    window of steps (enough to renew the measured ratio) LEND_FIRST_RECHECK_S after the last
+    lent step, then four times as long after each re-check that found it slower still, up to
+    LEND_RECHECK_S; once it pays again the next slower reading starts the waits afresh."""
+    from gateway import batch_manager, cost_model
+    from gateway.batch_manager import LEND_FIRST_RECHECK_S, LEND_RECHECK_S
     from gateway.cost_model import LENT_WINDOW
 
+    slower, _ = _lent_model(1.4)            # (on the real clock: its readings need time to pass)
+    monkeypatch.setattr(cost_model, "SLOWER_JUDGED_FOR_S", float("inf"))   # (the judgement's lapse aside)
     now = [100.0]
     monkeypatch.setattr(batch_manager.time, "monotonic", lambda: now[0])
     manager = _auto_manager()
     assert manager._lend()                                          # never measured: lend
-    manager.planner.model, _ = _lent_model(1.4)
-    manager.planner.model.lent_observed_at = 100.0
-    now[0] = 110.0
-    assert not manager._lend()
-    now[0] = 100.0 + batch_manager.LEND_RECHECK_S + 1
-    assert all(manager._lend() for _ in range(LENT_WINDOW))         # a re-check's window ...
-    manager.planner.model.lent_observed_at = now[0]                 # (its steps came back)
-    assert not manager._lend()                                      # ... and no more
+    manager.planner.model = slower
+    assert not slower.costs().lending_pays
+
+    def rechecked_after() -> float:
+        """Seconds from the last lent step to the next re-check's window (which is run)."""
+        last = slower.lent_observed_at = now[0]
+        while not manager._lend():
+            now[0] += 0.05
+        assert all(manager._lend() for _ in range(LENT_WINDOW - 1))     # the window ...
+        slower.lent_observed_at = now[0]                                # (its steps came back)
+        assert not manager._lend()                                      # ... and no more
+        return now[0] - last
+
+    waits = [rechecked_after() for _ in range(4)]
+    assert waits == pytest.approx([LEND_FIRST_RECHECK_S, 4 * LEND_FIRST_RECHECK_S, LEND_RECHECK_S,
+                                   LEND_RECHECK_S], abs=0.06)
     manager.planner.model, _ = _lent_model(0.6)
     assert manager._lend()                                          # (no own-core window is due)
+    manager.planner.model = slower
+    assert rechecked_after() == pytest.approx(LEND_FIRST_RECHECK_S, abs=0.06)
+
+
+def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(monkeypatch):
+    """A doubt about lending is settled by own-core steps run right away and the lent steps
+    after them, not half a minute later: OWN_WINDOW plain steps on the own cores, once per
+    doubt, then lending again; confirmed, plain decoding stops borrowing."""
+    from gateway import batch_manager
+    from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS
+
+    manager = _auto_manager()
+    model = manager.planner.model
+    for _ in range(OWN_PARTNERS):
+        model.observe_verify([0] * 4, 0.004)
+    assert manager._lend()
+    for _ in range(LENT_JUDGED):                            # lent steps slowed for a moment
+        model.observe_verify([0] * 4, 0.008, borrowed=True)
+    assert model.lending_doubted_at is not None and model.costs().lending_pays
+    lent = [manager._lend() for _ in range(batch_manager.OWN_WINDOW + 3)]
+    assert lent == [False] * batch_manager.OWN_WINDOW + [True] * 3
+    for _ in range(OWN_PARTNERS):                           # the window's steps came back ...
+        model.observe_verify([0] * 4, 0.004)
+    for _ in range(LENT_JUDGED):                            # ... and lent ones as fast as before
+        model.observe_verify([0] * 4, 0.003, borrowed=True)
+    assert model.lending_doubted_at is None and model.costs().lending_judged == pytest.approx(0.75)
+    assert all(manager._lend() for _ in range(20))          # no window for a doubt cleared
+
+    for _ in range(LENT_JUDGED):                            # slower again: a new doubt, a new window
+        model.observe_verify([0] * 4, 0.009, borrowed=True)
+    assert model.lending_doubted_at is not None
+    assert [manager._lend() for _ in range(batch_manager.OWN_WINDOW + 1)] == [False] * batch_manager.OWN_WINDOW + [True]
+    for _ in range(OWN_PARTNERS):
+        model.observe_verify([0] * 4, 0.004)
+    for _ in range(LENT_JUDGED):                            # still slower: confirmed
+        model.observe_verify([0] * 4, 0.009, borrowed=True)
+    assert model.lending_doubted_at is None and not model.costs().lending_pays
+    assert not manager._lend()
 
 
 def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
