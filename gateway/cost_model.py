@@ -495,6 +495,11 @@ class CostModel:
         if judged > 1.0 and doubt is None and not slower_stands:
             if latest >= time.monotonic() - PAIRED_WITHIN_S:    # (not old calls read again)
                 self._lending_doubted_at = latest
+                logger.info("lent cores read %.2fx the own cores' plain step time: confirming beside "
+                            "own-core steps run now", judged)
             return
+        if (judged > 1.0) != slower_stands:
+            logger.info("lent cores judged %.2fx the own cores' plain step time: plain decoding %s", judged,
+                        "stays on the verifier's own cores" if judged > 1.0 else "borrows them")
         self._lending_doubted_at = None
         self._lending_judged, self._lending_judged_at = judged, latest

@@ -3,6 +3,7 @@ cases, and fits that recover the costs they were given."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 
@@ -845,13 +846,14 @@ def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     assert rechecked_after() == pytest.approx(LEND_FIRST_RECHECK_S, abs=0.06)
 
 
-def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(monkeypatch):
+def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(caplog):
     """A doubt about lending is settled by own-core steps run right away and the lent steps
     after them, not half a minute later: OWN_WINDOW plain steps on the own cores, once per
     doubt, then lending again; confirmed, plain decoding stops borrowing."""
     from gateway import batch_manager
     from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS
 
+    caplog.set_level(logging.INFO, logger="minedraft.gateway")
     manager = _auto_manager()
     model = manager.planner.model
     for _ in range(OWN_PARTNERS):
@@ -879,6 +881,9 @@ def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(mo
         model.observe_verify([0] * 4, 0.009, borrowed=True)
     assert model.lending_doubted_at is None and not model.costs().lending_pays
     assert not manager._lend()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("confirming" in m for m in said) == 2
+    assert sum("stays on the verifier's own cores" in m for m in said) == 1
 
 
 def test_prompts_weigh_on_each_layout_at_its_own_prefill_cost():
