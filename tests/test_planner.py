@@ -511,6 +511,25 @@ def test_a_spell_that_ends_in_idleness_is_measured_up_to_its_last_step(clock, no
     assert planner.replan(requests, K_MAX).layout != ran[0]
 
 
+def test_the_candidates_are_each_set_of_draft_lengths_on_the_grid_once_in_grid_order():
+    """choose_plan scores every distinct set of draft lengths that a threshold and a cap on
+    the grid give, under the first pair that gives it (the plan keeps that pair and applies
+    it at every step), and builds no set twice."""
+    from gateway.planner import THRESHOLDS, _candidates, _leading
+
+    rng = random.Random(7)
+    for _ in range(200):
+        k_max = rng.randint(0, 8)
+        reach = [sorted((rng.choice([0.0, 1.0, rng.random()]) for _ in range(rng.randint(0, k_max))), reverse=True)
+                 for _ in range(rng.randint(1, 12))]
+        grid = {}
+        for threshold in THRESHOLDS:
+            for cap in range(k_max + 1):
+                ks = tuple(min(cap, _leading(r, threshold)) for r in reach)
+                grid.setdefault(ks, (threshold, cap, ks))
+        assert list(_candidates(reach, k_max)) == list(grid.values())
+
+
 def test_requests_get_their_own_draft_lengths_within_their_caps():
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
     planner = _planner_with(costs)
