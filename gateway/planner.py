@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
 
 from gateway.cost_model import StepCosts
 from minedraft.constants import LAYOUTS
@@ -90,18 +90,28 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
     prefill (1 where not measured);
     switch_s: per layout, a one-off cost of moving to it (the drafter catching up with the
     tokens verified while nothing drafted), spread over horizon_s.
-    Each candidate is scored from sums alone; only the winner becomes a Plan (a few ms for
-    64 requests: the gateway plans several times a second)."""
+    Each candidate is scored from sums alone; only the winner becomes a Plan (the gateway
+    plans several times a second, on the cores the services compute on: for 64 requests on
+    the reference machine 0.4 ms when they share one reach, 0.9 ms when each has its own)."""
     if not requests:
         return Plan("ar", {}, ((),), 0.0, 0.0)
     slowdown, prefill_slowdown = slowdown or {}, prefill_slowdown or {}
     switch_s = switch_s or {}
-    reach = [_reach(r, k_max) for r in requests]          # [i][j]: P(position j+1 emitted as a draft)
-    gains = [list(accumulate(r, initial=1.0)) for r in reach]     # [i][k]: tokens emitted a step with k drafts
+    # Requests of the same reach draft alike under every candidate: each kind is worked out once
+    # (in plain decoding most requests never drafted and all share the pool's prior).
+    kinds: dict[tuple[float, ...], int] = {}
+    kind_of = [kinds.setdefault(tuple(_reach(r, k_max)), len(kinds)) for r in requests]
+    reach = [list(kind) for kind in kinds]                  # [kind][j]: P(position j+1 emitted as a draft)
+    counts = [0] * len(kinds)
+    for kind in kind_of:
+        counts[kind] += 1
+    gains = [list(accumulate(r, initial=1.0)) for r in reach]     # [kind][k]: tokens emitted a step with k drafts
     best: tuple[float, str, float, int, tuple[int, ...], float, float] | None = None
     considered: dict[str, float] = {}
-    for threshold, cap, ks in _candidates(reach, k_max):
-        emitted = sum(g[k] for g, k in zip(gains, ks))
+    for threshold, cap, kind_ks in _candidates(reach, k_max):
+        emitted = sum(n * g[k] for n, g, k in zip(counts, gains, kind_ks))
+        ks = kind_ks if len(counts) == len(requests) else \
+            tuple(chain.from_iterable(repeat(k, n) for k, n in zip(kind_ks, counts)))   # (step times ignore order)
         for layout in layouts:
             step = layout_step_s(layout, costs, ks)
             if step is None:
@@ -111,8 +121,9 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
             rate *= horizon_s / (horizon_s + switch_s.get(layout, 0.0))
             considered[layout] = max(rate, considered.get(layout, -1.0))
             if best is None or rate > best[0] * (1 + 1e-9):
-                best = (rate, layout, threshold, cap, ks, step, decode)
-    rate, layout, threshold, cap, ks, step, decode = best
+                best = (rate, layout, threshold, cap, kind_ks, step, decode)
+    rate, layout, threshold, cap, kind_ks, step, decode = best
+    ks = tuple(kind_ks[kind] for kind in kind_of)
     ids = [r.request_id for r in requests]
     if layout == "psd":
         order = _psd_order(ks)

@@ -540,6 +540,25 @@ def test_requests_get_their_own_draft_lengths_within_their_caps():
     assert planner.draft_length(requests[0], k_cap=0) == 0        # no drafter in the pool
 
 
+def test_requests_of_one_reach_are_planned_as_one_kind_each_keeping_its_own_draft_length():
+    """choose_plan works out each distinct reach once (in plain decoding most requests share
+    the pool's prior): interleaved kinds still get their own draft lengths, a kind counts as
+    many times as it has requests, and psd splits the requests, not the kinds."""
+    costs = StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 1e-4, 1e-4)
+    good, poor = (0.95,) * K_MAX, (0.0,) * K_MAX
+    requests = [PlanRequest(f"r{i}", good if i % 3 else poor, K_MAX if i % 4 else 2) for i in range(12)]
+    plan = choose_plan(costs, requests, K_MAX)
+    assert plan.layout == "psd"
+    assert 2 < plan.cap
+    expected = {r.request_id: 0 if r.reach == poor else min(plan.cap, r.max_draft) for r in requests}
+    assert plan.draft_lengths == expected
+    assert sorted(len(b) for b in plan.batches) == [6, 6] and set(plan.batches[0]) | set(plan.batches[1]) == set(expected)
+    emitted = sum(1 + sum(r.reach[:expected[r.request_id]]) for r in requests)
+    assert plan.decode_tokens_per_s == pytest.approx(emitted / plan.step_s)
+    alone = choose_plan(costs, requests[:1] + requests[1:2], K_MAX)      # one of each kind
+    assert alone.draft_lengths == {"r0": 0, "r1": K_MAX}
+
+
 def test_forced_cycle_rotates_every_layout():
     from gateway.auto import AutoPlanner
 
