@@ -154,9 +154,9 @@ def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subproce
 def _build(args: argparse.Namespace, rank: int):
     # torch (and with it OpenMP) loads before the process is placed on its own cores: libgomp
     # counts the cores it may use once, at load, and with more threads than that count it
-    # stops spinning between parallel regions; a verifier that loaded it on its one own core
-    # decoded 2.5x slower once it borrowed a second (7.1 ms a step for one request, 2.8 ms
-    # loaded on both).
+    # stops spinning between parallel regions. Loaded on one own core, the bundled target's
+    # step for one request took 7.1 ms on two threads after borrowing a second core, against
+    # 2.8 ms loaded with both in reach (one process, the same switch as CoreLender's).
     import torch  # noqa: F401
 
     from minedraft.model_runner import ModelRunner
