@@ -884,7 +884,7 @@ def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     assert rechecked_after() == pytest.approx(LEND_FIRST_RECHECK_S, abs=0.06)
 
 
-def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(caplog):
+def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(caplog, monkeypatch):
     """A doubt about lending is settled by own-core steps run right away and the lent steps
     after them, not half a minute later: OWN_WINDOW plain steps on the own cores, once per
     doubt, then lending again; confirmed, plain decoding stops borrowing."""
@@ -892,6 +892,7 @@ def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(ca
     from gateway.cost_model import LENT_JUDGED, OWN_PARTNERS
 
     caplog.set_level(logging.INFO, logger="minedraft.gateway")
+    monkeypatch.setattr(batch_manager, "LEND_FIRST_RECHECK_S", 60.0)     # (no re-check on a slow machine)
     manager = _auto_manager()
     model = manager.planner.model
     for _ in range(OWN_PARTNERS):
