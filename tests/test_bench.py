@@ -297,23 +297,36 @@ def test_paired_summary_pairs_auto_with_each_passes_best_fixed_setting():
     assert summary["auto_layout_share"] == pytest.approx({"ar": 0.9, "psd": 0.1})
     assert summary["auto_lent_share"] == pytest.approx(0.5)
     assert "auto_over" not in summarise({name: rs for name, rs in runs.items() if name != "auto"})
+    assert "control_over_ar" not in summary
+    # A second ar (--paired-control) is set against the first, and is none of auto's fixed settings.
+    controlled = summarise({**runs, "ar (control)": [run(0, 99, 0.5), run(1, 150, 0.3), run(2, 95, 0.5)]})
+    assert controlled["control_over_ar"]["median"] == pytest.approx(0.95)
+    assert controlled["control_over_ar"]["max"] == pytest.approx(1.5)
+    assert controlled["best_fixed_per_pass"] == summary["best_fixed_per_pass"]
+    assert set(controlled["auto_over"]) == {"ar", "sd k=2"}
 
 
 def test_paired_cli_keeps_every_setting_up_and_alternates_their_runs(tmp_path):
     from minedraft.cli import main
 
     assert main(["bench", "--modes", "auto", "ar", "--concurrency", "2", "--paired", "3", "--num-prompts", "4",
-                 "--max-tokens", "8", "--warmup-s", "0", "--out", str(tmp_path)]) == 0
+                 "--max-tokens", "8", "--warmup-s", "0", "--paired-control", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "paired.json").read_text())
     (at_c2,) = report["concurrency"]
     runs = at_c2["runs"]
-    assert set(runs) == {"auto", "ar"} and all(len(rs) == 3 for rs in runs.values())
+    assert set(runs) == {"auto", "ar", "ar (control)"} and all(len(rs) == 3 for rs in runs.values())
     assert all(r["same_as_ar"] is True for rs in runs.values() for r in rs)
-    # auto first, then ar; the next pass the other way round; and so on.
+    # auto, ar, the control; the next pass the other way round; and so on.
     order = sorted(((r["started_s"], name) for name, rs in runs.items() for r in rs))
-    assert [name for _, name in order] == ["auto", "ar", "ar", "auto", "auto", "ar"]
+    assert [name for _, name in order] == ["auto", "ar", "ar (control)", "ar (control)", "ar", "auto",
+                                           "auto", "ar", "ar (control)"]
     ratios = sorted(a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(runs["auto"], runs["ar"]))
     assert at_c2["auto_over"]["ar"]["median"] == pytest.approx(ratios[1])
+    assert set(at_c2["auto_over"]) == {"ar"}
+    controls = sorted(c["tokens_per_s"] / a["tokens_per_s"] for c, a in zip(runs["ar (control)"], runs["ar"]))
+    assert at_c2["control_over_ar"]["median"] == pytest.approx(controls[1])
     for refused in (["--paired", "1"], ["--paired", "2", "--peers"], ["--paired", "2", "--rounds", "2"],
-                    ["--paired", "2", "--request-rate", "4"]):
+                    ["--paired", "2", "--request-rate", "4"], ["--paired-control"]):
         assert main(["bench", "--modes", "ar", *refused, "--out", str(tmp_path / "refused")]) == 2
+    assert main(["bench", "--modes", "auto", "--paired", "2", "--paired-control",
+                 "--out", str(tmp_path / "refused")]) == 2

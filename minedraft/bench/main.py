@@ -258,7 +258,8 @@ def missing_extra(specs: list[RunSpec]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from minedraft.bench.paired import refusal, run_paired
 
-    problem = apply_presets(args) or (refusal(args) if args.paired else missing_extra(run_list(args)))
+    problem = apply_presets(args) or (refusal(args) if args.paired or args.paired_control
+                                      else missing_extra(run_list(args)))
     if problem:
         print(f"minedraft bench: error: {problem}", file=sys.stderr)
         return 2
@@ -329,6 +330,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                        help="start every setting's services at once and alternate N short runs of each "
                             "(each pass in the opposite order): ratios paired within passes, many passes "
                             "cheap; auto against each fixed setting and each pass's best (paired.json)")
+    bench.add_argument("--paired-control", action="store_true",
+                       help="with --paired: also a second ar, run like every other setting; its ratio to "
+                            "the first is what two identical settings read apart here, the resolution of "
+                            "the other ratios")
     bench.add_argument("--warmup-s", type=float, default=5.0,
                        help="before each measured run, serve the run's prompts at its concurrency for this "
                             "long, unmeasured, as a running server has (auto mode's costs and acceptance "

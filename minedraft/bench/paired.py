@@ -13,7 +13,10 @@ alike, and a pass costs only its runs.
 
 Reported per concurrency: each setting's throughput and p50 latency (median, spread), whether
 its outputs equalled ar's, and auto's ratio to each fixed setting and to each pass's best
-fixed setting, paired within passes (median and interquartile range). The settings that are
+fixed setting, paired within passes (median and interquartile range); with --paired-control,
+also a second ar's ratio to the first, which is not among the fixed settings auto is set
+against: two identical ar clusters read 0.983 apart at C = 16 in eight passes on the reference
+machine, so a ratio within a few percent of 1 says little more. The settings that are
 not running idle meanwhile: a few wake-ups a second each (liveness checks, the data plane's
 loop), so keep the list short (auto and the fixed settings it is compared with).
 """
@@ -36,10 +39,15 @@ from minedraft.client import Client
 from minedraft.launcher import Cluster
 
 AUTO = "auto"
+CONTROL = "ar (control)"    # a second ar (--paired-control): what identical settings read apart
 
 
 def refusal(args: argparse.Namespace) -> str | None:
     """What --paired cannot run with, or None."""
+    if args.paired_control and not args.paired:
+        return "--paired-control: only with --paired N"
+    if args.paired_control and "ar" not in args.modes:
+        return "--paired-control: a second ar needs ar among --modes"
     if args.paired < 2:
         return "--paired: at least 2 passes (a ratio needs pairs)"
     if args.server or args.peers or args.unequal:
@@ -77,6 +85,8 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
     layout_share and lent_share (report.auto_metrics)}."""
     workload = workload_for(concurrency, args)
     names = [setting_name(spec) for spec in specs]
+    if args.paired_control:
+        specs, names = [*specs, RunSpec("ar", 0, concurrency)], [*names, CONTROL]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     with ExitStack() as stack:
         addresses = {}
@@ -141,7 +151,10 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
                                       else all(r["same_as_ar"] for r in rs))}
                 for name, rs in runs.items()}
     summary: dict = {"settings": settings}
-    fixed = [name for name in runs if name != AUTO]
+    if CONTROL in runs and "ar" in runs:
+        summary["control_over_ar"] = _spread([c["tokens_per_s"] / a["tokens_per_s"]
+                                              for c, a in zip(runs[CONTROL], runs["ar"])])
+    fixed = [name for name in runs if name not in (AUTO, CONTROL)]
     if AUTO not in runs or not fixed:
         return summary
     passes = len(runs[AUTO])
@@ -173,6 +186,10 @@ def paired_table(concurrency: int, summary: dict, passes: int) -> str:
         span = f"({t['min']:.0f}-{t['max']:.0f})"
         lines.append(f"{name:<12} {t['median']:>8.1f} {span:>15} "
                      f"{s['latency_p50_s']['median']:>7.3f} {same:>5} {shown:>22}")
+    if "control_over_ar" in summary:
+        c = summary["control_over_ar"]
+        lines.append(f"{CONTROL} / ar: {c['median']:.3f} (IQR {c['p25']:.2f}-{c['p75']:.2f}, "
+                     f"{c['min']:.2f}-{c['max']:.2f}): what two identical settings read apart here")
     if "auto_over_best_fixed" in summary:
         b, p = summary["auto_over_best_fixed"], summary["auto_p50_over_best_fixed"]
         lines.append(f"auto / each pass's best fixed setting: throughput {b['median']:.3f} "
