@@ -144,7 +144,8 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
     """Per setting: throughput and p50 latency (median and spread) and whether every output
     equalled ar's; auto against each fixed setting and against each pass's best fixed one,
     as ratios paired within passes. A pass's best fixed setting is its fastest, and auto's
-    p50 is set against that setting's p50 in the same pass."""
+    p50 is set against that setting's p50 in the same pass. The control (a second ar) is set
+    against the first ar only."""
     settings = {name: {"tokens_per_s": _spread([r["tokens_per_s"] for r in rs]),
                        "latency_p50_s": _spread([r["latency_p50_s"] for r in rs]),
                        "same_as_ar": (None if any(r["same_as_ar"] is None for r in rs)
