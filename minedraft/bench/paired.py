@@ -15,8 +15,9 @@ Reported per concurrency: each setting's throughput and p50 latency (median, spr
 its outputs equalled ar's, and auto's ratio to each fixed setting and to each pass's best
 fixed setting, paired within passes (median and interquartile range); with --paired-control,
 also a second ar's ratio to the first, which is not among the fixed settings auto is set
-against: two identical ar clusters read 0.983 apart at C = 16 in eight passes on the reference
-machine, so a ratio within a few percent of 1 says little more. The settings that are
+against: what identical settings read apart in the same passes (on the reference machine, eight
+passes each: 0.983 at C = 16, 1.004 at C = 64, where auto read 0.934), against which a ratio
+near 1 can be told real or not. The settings that are
 not running idle meanwhile: a few wake-ups a second each (liveness checks, the data plane's
 loop), so keep the list short (auto and the fixed settings it is compared with).
 """
