@@ -367,10 +367,9 @@ class BatchManager:
                 self._lent_decoding_s += now - self._lent_step_at
             self._lent_step_at = now
             doubt = model.lending_doubted_at
-            if self._own_left <= 0 and doubt is not None and doubt != self._own_window_for:
+            due = self._lent_decoding_s >= LEND_RECHECK_S or (doubt is not None and doubt != self._own_window_for)
+            if self._own_left <= 0 and due:
                 self._own_left, self._own_window_for, self._lent_decoding_s = OWN_WINDOW, doubt, 0.0
-            if self._own_left <= 0 and self._lent_decoding_s >= LEND_RECHECK_S:
-                self._own_left, self._lent_decoding_s = OWN_WINDOW, 0.0
             if self._own_left > 0:
                 self._own_left -= 1
                 return False
