@@ -847,6 +847,31 @@ def test_while_lending_pays_a_few_plain_steps_run_on_the_own_cores_now_and_then(
         assert lent.count(False) == batch_manager.OWN_WINDOW
 
 
+def test_steps_that_prefill_borrow_the_lent_cores_even_in_an_own_core_window(monkeypatch):
+    """A step carrying new requests' prompts borrows while lending pays: a window owed or
+    under way waits for the steps that only decode (it is those that lending is judged by),
+    and still runs OWN_WINDOW of them."""
+    from gateway import batch_manager
+
+    now = [100.0]
+    monkeypatch.setattr(batch_manager.time, "monotonic", lambda: now[0])
+    manager = _auto_manager()
+    manager.planner.model, _ = _lent_model(0.6)
+
+    def step(prefills: bool = False) -> bool:
+        now[0] += 0.01
+        return manager._lend(prefills=prefills)
+
+    while step():                                   # lent decoding until a window is owed ...
+        pass                                        # ... and its first step ran on the own cores
+    assert all(step(prefills=True) for _ in range(3))       # a wave of prompts comes in: lent
+    window = [step() for _ in range(3)] + [step(prefills=True)] + [step() for _ in range(batch_manager.OWN_WINDOW)]
+    assert window == [False] * 3 + [True] + [False] * (batch_manager.OWN_WINDOW - 4) + [True] * 4
+    now[0] += 5.0                                   # idle, then a window owed at a wave's start
+    manager._lent_decoding_s = batch_manager.LEND_RECHECK_S
+    assert step(prefills=True) and not step()
+
+
 def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     """Plain steps stop borrowing once lending was measured slower, and borrow again for a
     window of steps (enough to renew the measured ratio) LEND_FIRST_RECHECK_S after the last
