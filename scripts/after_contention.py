@@ -24,7 +24,7 @@ import time
 from collections import Counter
 
 from minedraft.bench.driver import run_workload, warm_up
-from minedraft.bench.main import add_parser, settled_step_count, workload_for
+from minedraft.bench.main import add_parser, settled_newest_step, steps_after, workload_for
 from minedraft.bench.runs import mode_ks, serve_config
 from minedraft.client import Client
 from minedraft.launcher import Cluster
@@ -54,11 +54,11 @@ def one_mode(mode: str, bench: argparse.Namespace, args: argparse.Namespace) -> 
         start = time.perf_counter()
         for run in range(args.runs):
             with Client(cluster.address, timeout=600) as client:
-                before = settled_step_count(client)
+                before = settled_newest_step(client)
             _, wall = asyncio.run(run_workload(cluster.address, prompts, tokens, bench.ignore_eos,
                                                args.concurrency, None, mode))
             with Client(cluster.address, timeout=600) as client:
-                steps = [dict(step) for step in client.step_stats()][before:]
+                steps = steps_after(client, before)
             layouts = Counter(step.get("layout", "?") for step in steps if step.get("kind") == "verify")
             rates.append(len(prompts) * tokens / wall)
             print(f"  {mode:4} run {run} ({time.perf_counter() - start:5.1f} s after): "

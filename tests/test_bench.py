@@ -270,6 +270,30 @@ def test_the_pace_after_a_run_waits_for_the_steps_pipelined_past_its_end():
     assert time.monotonic() - start >= 0.4 and slow.calls == 3     # two waits of twice a step
 
 
+def test_a_runs_step_records_are_the_steps_after_the_newest_before_it_though_the_ring_wrapped():
+    """Records are picked by step id: the gateway keeps a ring of them, and a count taken
+    before a run points past the run's records once the ring has wrapped."""
+    from minedraft.bench.main import settled_newest_step, steps_after
+
+    class Ring:
+        def __init__(self, size: int) -> None:
+            self.size, self.records = size, []
+
+        def step(self, n: int) -> None:
+            start = self.records[-1]["step_id"] + 1 if self.records else 1
+            self.records = (self.records + [{"step_id": i, "kind": "verify"} for i in range(start, start + n)])[-self.size:]
+
+        def step_stats(self, max_steps: int = 0):
+            return self.records[-max_steps:] if max_steps else list(self.records)
+
+    ring = Ring(size=5)
+    assert settled_newest_step(ring, quiet_s=0.001) == -1 and steps_after(ring, -1) == []
+    ring.step(4)
+    before = settled_newest_step(ring, quiet_s=0.001)
+    ring.step(3)                                        # the run: steps 5-7, the ring holds 3-7
+    assert before == 4 and [s["step_id"] for s in steps_after(ring, before)] == [5, 6, 7]
+
+
 def test_paired_summary_pairs_auto_with_each_passes_best_fixed_setting():
     """Ratios are taken within a pass, against whichever fixed setting was fastest in it (a
     different one per pass here), and the p50 against that same setting's."""

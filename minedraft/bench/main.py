@@ -84,11 +84,17 @@ def wait_for_quiet(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) 
         last = now
 
 
-def settled_step_count(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
-    """How many step records the gateway holds once no more arrive: the steps pipelined past
-    the warm-up must not count as the run's."""
+def settled_newest_step(client: Client, quiet_s: float = 0.05, limit_s: float = 5.0) -> int:
+    """The newest step's id once no more records arrive (-1: none yet): a run's records are
+    those after it (`steps_after`), and the steps pipelined past the warm-up are not."""
     wait_for_quiet(client, quiet_s, limit_s)
-    return len(client.step_stats())
+    return max((step["step_id"] for step in client.step_stats(max_steps=1)), default=-1)
+
+
+def steps_after(client: Client, step_id: int) -> list[dict]:
+    """The gateway's step records of the steps after `step_id`: picked by id, not by count,
+    so that the gateway's ring of records may have wrapped meanwhile."""
+    return [step for step in plain(client.step_stats()) if step["step_id"] > step_id]
 
 
 def measure(address: str, mode: str, k: int, concurrency: int, workload: Workload, args: argparse.Namespace,
@@ -101,7 +107,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
         asyncio.run(warm_up(address, workload.prompts, args.max_tokens, args.ignore_eos, concurrency,
                             args.warmup_s, sampling=workload.sampling))
     with Client(address, timeout=600) as client:
-        skip = settled_step_count(client)
+        before = settled_newest_step(client)
         # auto's decisions so far (the warm-up's) are not the run's
         plan = plain(client.server_info()).get("plan") or {}
         seen = max((d["at_s"] for d in plan.get("history", [])), default=float("-inf"))
@@ -122,7 +128,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     # auto's runs read 0.05-0.65 of the usual, as if those runs had been made in slow spells).
     (timings, wall), pace = probed(run_then_quiet)
     with Client(address, timeout=600) as client:
-        steps = plain(client.step_stats())[skip:]
+        steps = steps_after(client, before)
         info = plain(client.server_info())
     row = {"mode": mode, "k": k, "concurrency": concurrency,
            # Whose cores: None where a running gateway's placement is unknown (--server).

@@ -33,8 +33,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from minedraft.bench.driver import run_workload, warm_up
-from minedraft.bench.main import wait_for_quiet, workload_for
-from minedraft.bench.report import auto_metrics, percentile, plain, request_metrics
+from minedraft.bench.main import settled_newest_step, steps_after, wait_for_quiet, workload_for
+from minedraft.bench.report import auto_metrics, percentile, request_metrics
 from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, run_list, serve_config
 from minedraft.client import Client
 from minedraft.launcher import Cluster
@@ -108,14 +108,14 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
             order = names if index % 2 == 0 else names[::-1]
             for name in order:
                 with Client(addresses[name], timeout=600) as client:
-                    newest = max((s["step_id"] for s in client.step_stats(max_steps=1)), default=-1)
+                    before = settled_newest_step(client)
                 started_s = time.perf_counter() - began
                 timings, wall = asyncio.run(run_workload(addresses[name], workload.prompts, args.max_tokens,
                                                          args.ignore_eos, concurrency, None,
                                                          f"{name} C={concurrency}", sampling=workload.sampling))
                 with Client(addresses[name], timeout=600) as client:
                     wait_for_quiet(client)
-                    steps = [s for s in plain(client.step_stats()) if s["step_id"] > newest]
+                    steps = steps_after(client, before)
                 metrics = request_metrics(timings, wall)
                 runs[name].append({
                     "pass": index, "started_s": started_s, "tokens_per_s": metrics["output_tokens_per_s"],
