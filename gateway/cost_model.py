@@ -438,8 +438,11 @@ class CostModel:
     def _slower_lapsed(self) -> bool:
         """Whether the latest judgement said lending slows plain decoding, and was made over
         SLOWER_JUDGED_FOR_S ago."""
-        return (self._lending_judged is not None and self._lending_judged > 1.0
-                and time.monotonic() - self._lending_judged_at > SLOWER_JUDGED_FOR_S)
+        return self._judged_slower() and time.monotonic() - self._lending_judged_at > SLOWER_JUDGED_FOR_S
+
+    def _judged_slower(self) -> bool:
+        """Whether the latest judgement said lending slows plain decoding (lapsed or not)."""
+        return self._lending_judged is not None and self._lending_judged > 1.0
 
     @property
     def lending_doubted_at(self) -> float | None:
@@ -490,8 +493,7 @@ class CostModel:
         if len(ratios) < LENT_JUDGED:
             return
         judged = _median(ratios)
-        slower_stands = (self._lending_judged is not None and self._lending_judged > 1.0
-                         and not self._slower_lapsed())
+        slower_stands = self._judged_slower() and not self._slower_lapsed()
         if judged > 1.0 and doubt is None and not slower_stands:
             if latest >= time.monotonic() - PAIRED_WITHIN_S:    # (not old calls read again)
                 self._lending_doubted_at = latest
