@@ -71,6 +71,13 @@ FLOOR_STALE_S = 30.0        # plain decoding, the floor, not measured for this l
                             # prediction: its lent-core costs are fitted only while it runs, and
                             # fitted while another process held the cores they priced it at half
                             # its speed for good (C = 8: psd at 0.86 of it, never re-checked)
+FLOOR_FIRST_RECHECK_S = 2.0 # plain decoding left for a drafting layout while only its own measured
+                            # slowdown keeps it behind is re-checked this soon, then four times as
+                            # long after each re-check that keeps it out, while under FLOOR_STALE_S
+                            # (2 s, 8 s, then as overdue), free of the trial budget: the reading may
+                            # be a moment's (at C = 64 one
+                            # cluster's lent steps ran a quarter slow for seconds, psd was chosen on
+                            # it, and ran at 0.84-0.91 of plain decoding for two minutes)
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most this share of the time
@@ -171,6 +178,8 @@ class AutoPlanner:
         # the requests running then (see HELD_BACK_S).
         self._left: dict[str, tuple[float, int]] = {}
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
+        self._floor_wait: float | None = None           # plain decoding's next early re-check (see
+                                                        # FLOOR_FIRST_RECHECK_S; None: none owed)
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
         self._started = time.monotonic()
@@ -357,6 +366,8 @@ class AutoPlanner:
             if trying is None:
                 kept = self._layout_to_keep(best, len(requests))
                 if kept is None:
+                    if (self._settled == "ar") != (best.layout == "ar"):     # plain decoding left or back
+                        self._floor_wait = FLOOR_FIRST_RECHECK_S if self._settled == "ar" else None
                     self._settled, self._settled_for = best.layout, len(requests)
                 if self._wave_settled is None or len(requests) >= self._wave_settled[1]:
                     self._wave_settled = (self._settled, len(requests))
@@ -458,11 +469,15 @@ class AutoPlanner:
             if doubted < within * best.tokens_per_s and not overdue:
                 continue
             floor_doubted = floor and (overdue or doubted > best.tokens_per_s)
-            if self._measured[layout] and not self._may_explore(reserve=not floor_doubted):
+            soon = (floor and self._floor_wait is not None and doubted > best.tokens_per_s
+                    and age > self._floor_wait)
+            if self._measured[layout] and not soon and not self._may_explore(reserve=not floor_doubted):
                 continue
             stale = age > wait
-            if unmeasured or stale:
-                if stale:           # re-checked again and again only while it keeps losing: ever rarer
+            if unmeasured or stale or soon:
+                if soon:            # the early re-checks after leaving it: ever later, then as overdue
+                    self._floor_wait = 4 * self._floor_wait if 4 * self._floor_wait < FLOOR_STALE_S else None
+                elif stale:         # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
                 self._exploring = (layout, now, not self._measured[layout])
                 self.explorations += 1

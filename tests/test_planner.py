@@ -1583,6 +1583,55 @@ def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(
     assert sum(1 for d in planner.history if d.trying == "ar") <= 2
 
 
+def test_plain_decoding_left_on_its_own_slow_reading_is_rechecked_soon_then_ever_later(clock, no_first_trial_of_sd):
+    """Plain decoding, the model's best, delivers 0.6 of its prediction for a while and auto
+    moves to psd. It would be ahead were it no slower than psd, so the reading alone keeps it
+    out: it is re-checked FLOOR_FIRST_RECHECK_S after it was last measured, whatever the trial
+    budget, then four times as long after a re-check that finds it still slow, and chosen
+    again once it delivers (not after the usual RECHECK_AFTER_S). (Left on the model's word
+    alone, predicted behind, it gets no early re-check: see the test of layouts measured slow.)"""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=1.2e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    first = planner.replan(requests, K_MAX)
+    assert first.layout == "ar" and first.considered["psd"] < first.tokens_per_s
+    for _ in range(3):                                      # 3 s of plain decoding at 0.6 ...
+        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 0.6, 1.0))
+    planner._trial_s = planner._running_s = 1.0             # ... and the trial budget spent
+    slow_until = clock[0] + 10.0                            # slow for ten seconds more
+
+    def run(seconds: float) -> str:
+        plan = planner.replan(requests, K_MAX)
+        unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
+        delivered = 0.6 if plan.layout == "ar" and clock[0] < slow_until else 1.0
+        for _ in range(STEPS_PER_SPELL):
+            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / STEPS_PER_SPELL), 0)
+        clock[0] += seconds
+        return plan.layout
+
+    ran = [run(0.25) for _ in range(4)]
+    measured_at = clock[0] - 1.0                            # (the slow spells above ended then)
+    assert "ar" not in ran and planner._settled in ("sd", "psd"), "".join(layout[0] for layout in ran)
+    assert planner._recheck_wait("ar") == auto.RECHECK_AFTER_S  # (the usual wait: a long one)
+    tried_at, was = [], None
+    while clock[0] < slow_until + auto.RECHECK_AFTER_S:
+        ran.append(run(0.25))
+        trying = planner.history[-1].trying
+        if trying == "ar" and was != "ar":
+            tried_at.append(clock[0] - 0.25)
+        was = trying
+        if planner._settled == "ar":
+            break
+    assert planner._settled == "ar", "".join(layout[0] for layout in ran)
+    assert len(tried_at) >= 2 and tried_at[0] - measured_at <= auto.FLOOR_FIRST_RECHECK_S + 1.0, (measured_at, tried_at)
+    assert tried_at[1] - tried_at[0] >= 4 * auto.FLOOR_FIRST_RECHECK_S - 1.0, tried_at
+    assert clock[0] < slow_until + 6.0                       # back soon after it delivers again
+    assert planner._floor_wait is None                      # (none owed while it is settled)
+
+
 def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(clock, no_first_trial_of_sd):
     """Plain decoding priced at 0.65 of psd, too far behind to be a contender, is what auto
     must not lose to, and its price is fitted only while it runs (its lent-core costs fitted
