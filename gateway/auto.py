@@ -75,9 +75,9 @@ FLOOR_FIRST_RECHECK_S = 2.0 # plain decoding left for a drafting layout while on
                             # slowdown keeps it behind is re-checked this soon, then four times as
                             # long after each re-check that keeps it out, while under FLOOR_STALE_S
                             # (2 s, 8 s, then as overdue), free of the trial budget: the reading may
-                            # be a moment's (at C = 64 one
-                            # cluster's lent steps ran a quarter slow for seconds, psd was chosen on
-                            # it, and ran at 0.84-0.91 of plain decoding for two minutes)
+                            # be a moment's (at C = 64 one cluster's lent steps ran a quarter slow
+                            # for seconds, psd was chosen on it, and ran at 0.84-0.91 of plain
+                            # decoding for two minutes)
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most this share of the time
