@@ -1546,6 +1546,17 @@ def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
     assert auto.TO_PLAIN_MARGIN < 1.05 < auto.SWITCH_MARGIN
 
 
+def _plain_decoding_ahead_of_psd():
+    """-> (planner, 8 requests) whose model puts plain decoding ahead of psd."""
+    costs = StepCosts(draft_per_forward=1.2e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    first = planner.replan(requests, K_MAX)
+    assert first.layout == "ar" and first.considered["psd"] < first.tokens_per_s
+    return planner, requests
+
+
 def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(clock):
     """Plain decoding, the model's best, was measured for seconds at a third of its
     prediction while another process held the cores; auto moved to psd. The model would
@@ -1556,12 +1567,7 @@ def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(
     such contention at C = 64, psd ran at about 0.8 of plain decoding for half a minute)."""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=1.2e-3, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    first = planner.replan(requests, K_MAX)
-    assert first.layout == "ar" and first.considered["psd"] < first.tokens_per_s
+    planner, requests = _plain_decoding_ahead_of_psd()
     for _ in range(3):                                      # 9 s of plain decoding, 3x slow
         planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 3.0))
     slow_until = clock[0]
@@ -1592,12 +1598,7 @@ def test_plain_decoding_left_on_its_own_slow_reading_is_rechecked_soon_then_ever
     alone, predicted behind, it gets no early re-check: see the test of layouts measured slow.)"""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=1.2e-3, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    first = planner.replan(requests, K_MAX)
-    assert first.layout == "ar" and first.considered["psd"] < first.tokens_per_s
+    planner, requests = _plain_decoding_ahead_of_psd()
     for _ in range(3):                                      # 3 s of plain decoding at 0.6 ...
         planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 0.6, 1.0))
     planner._trial_s = planner._running_s = 1.0             # ... and the trial budget spent
