@@ -141,6 +141,11 @@ def _spread(values: list[float]) -> dict:
             "p75": percentile(values, 75), "min": min(values), "max": max(values)}
 
 
+def _paired(top: list[dict], bottom: list[dict], key: str = "tokens_per_s") -> dict:
+    """The spread of top's `key` over bottom's, pass by pass (the two lists in pass order)."""
+    return _spread([t[key] / b[key] for t, b in zip(top, bottom, strict=True)])
+
+
 def summarise(runs: dict[str, list[dict]]) -> dict:
     """Per setting: throughput and p50 latency (median and spread) and whether every output
     equalled ar's; auto against each fixed setting and against each pass's best fixed one,
@@ -154,19 +159,15 @@ def summarise(runs: dict[str, list[dict]]) -> dict:
                 for name, rs in runs.items()}
     summary: dict = {"settings": settings}
     if CONTROL in runs and "ar" in runs:
-        summary["control_over_ar"] = _spread([c["tokens_per_s"] / a["tokens_per_s"]
-                                              for c, a in zip(runs[CONTROL], runs["ar"])])
+        summary["control_over_ar"] = _paired(runs[CONTROL], runs["ar"])
     fixed = [name for name in runs if name not in (AUTO, CONTROL)]
     if AUTO not in runs or not fixed:
         return summary
-    passes = len(runs[AUTO])
-    summary["auto_over"] = {name: _spread([runs[AUTO][i]["tokens_per_s"] / runs[name][i]["tokens_per_s"]
-                                           for i in range(passes)]) for name in fixed}
-    best = [max(fixed, key=lambda name: runs[name][i]["tokens_per_s"]) for i in range(passes)]
-    summary["auto_over_best_fixed"] = _spread([runs[AUTO][i]["tokens_per_s"] / runs[b][i]["tokens_per_s"]
-                                               for i, b in enumerate(best)])
-    summary["auto_p50_over_best_fixed"] = _spread([runs[AUTO][i]["latency_p50_s"] / runs[b][i]["latency_p50_s"]
-                                                   for i, b in enumerate(best)])
+    summary["auto_over"] = {name: _paired(runs[AUTO], runs[name]) for name in fixed}
+    best = [max(fixed, key=lambda name: runs[name][i]["tokens_per_s"]) for i in range(len(runs[AUTO]))]
+    best_runs = [runs[name][i] for i, name in enumerate(best)]
+    summary["auto_over_best_fixed"] = _paired(runs[AUTO], best_runs)
+    summary["auto_p50_over_best_fixed"] = _paired(runs[AUTO], best_runs, "latency_p50_s")
     summary["best_fixed_per_pass"] = best
     shares = [r.get("layout_share", {}) for r in runs[AUTO]]
     summary["auto_layout_share"] = {layout: statistics.mean(share.get(layout, 0.0) for share in shares)
