@@ -9,9 +9,12 @@ stays in place and is overwritten later), freeing whole blocks that fall off the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
+
+GiB = 1024 ** 3
 
 
 class OutOfBlocks(RuntimeError):
@@ -88,9 +91,35 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         shape = (num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim)
+        needed = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        available = available_memory(torch.device(device))
+        if available is not None and needed > available:
+            # Allocated anyway, the cache would be filled as it is zeroed, and the kernel's
+            # OOM killer would end this process or another on the host (a bench that started
+            # four memory-bound clusters at once lost an idle one's verifier so).
+            raise MemoryError(f"the KV cache of --num-blocks {num_blocks} (--block-size {block_size}) needs "
+                              f"{needed / GiB:.2f} GiB on {device}, and {available / GiB:.2f} GiB is available: "
+                              f"lower --num-blocks")
         self.storage = torch.zeros(shape, dtype=dtype, device=device)
         self.layers = [(self.storage[i, 0], self.storage[i, 1]) for i in range(num_layers)]
 
     @property
     def nbytes(self) -> int:
         return self.storage.numel() * self.storage.element_size()
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for a new allocation on `device` (MemAvailable on the host for the CPU), or
+    None where that cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

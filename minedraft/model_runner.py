@@ -47,12 +47,13 @@ class ModelRunner:
                                 tp=self.tp)
         self.model_config: ModelConfig = self.model.cfg
         self.attention = ATTENTION_BACKENDS[config.attention_backend]
-        self.blocks = BlockManager(config.num_blocks, config.block_size)
-        self._cached_tokens: dict[str, list[int]] = {}
         cfg = self.model_config
         local_kv_heads = self.model.layers[0].attn.num_kv_heads     # this rank's share
+        # The cache first: it refuses a size the memory cannot hold before the block list is built.
         self.kv_cache = KVCache(cfg.num_layers, config.num_blocks, config.block_size,
                                 local_kv_heads, cfg.head_dim, config.torch_dtype, self.device)
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self._cached_tokens: dict[str, list[int]] = {}
 
     @property
     def vocab_size(self) -> int:

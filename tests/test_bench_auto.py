@@ -9,6 +9,7 @@ import argparse
 import itertools
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -432,6 +433,37 @@ def test_serve_configs_give_every_mode_the_same_cores():
     psd = serve_config("psd", 4, 64, args)
     assert (auto.target_cpus, auto.draft_cpus) == (psd.target_cpus, psd.draft_cpus) and psd.max_batch == 32
     assert serve_config("psd", 4, 1, args).max_batch == 1        # C = 1: one batch of 1
+
+
+def test_the_bench_sizes_each_runs_kv_cache_for_its_requests_unless_told(tmp_path):
+    """Room for C requests of the longest prompt (in the target's tokens), the output and a
+    verify of k + 1, a quarter more: the memory-bound stand-in's target at C = 64 holds
+    about a GiB, where the services' default of 4096 blocks held 5 (a --paired run starts
+    every setting at once)."""
+    from minedraft import bundled
+    from minedraft.bench.workload import longest_prompt_tokens
+    from gateway.tokenizer import TextTokenizer
+
+    args = bench_args("--max-tokens", "32")
+    longest = longest_prompt_tokens(None, bundled.TARGET)
+    encode = TextTokenizer(bundled.TARGET).encode
+    assert longest == max(len(encode(prompt)) for prompt in bundled.load_prompts())
+    assert longest < max(len(prompt.encode()) for prompt in bundled.load_prompts())    # tokens, not bytes
+    per_request = math.ceil((longest + 32 + 4 + 2) / 16)
+    assert serve_config("psd", 4, 64, args).num_blocks == math.ceil(1.25 * 64 * per_request)
+    assert serve_config("auto", 4, 32, args).num_blocks == math.ceil(1.25 * 32 * per_request)
+    assert serve_config("ar", 0, 1, args).num_blocks == 256                 # never fewer
+    assert serve_config("psd", 4, 64, bench_args("--num-blocks", "4096")).num_blocks == 4096
+    assert apply_presets(bench_args("--num-blocks", "0")) == "--num-blocks must be at least 1, got 0"
+    no_tokenizer = tmp_path / "model"
+    no_tokenizer.mkdir()
+    assert longest_prompt_tokens(None, str(no_tokenizer)) == max(len(p.encode()) for p in bundled.load_prompts())
+    memory_bound = bench_args("--memory-bound", "--max-tokens", "32", "--out", str(tmp_path))
+    assert apply_presets(memory_bound) is None
+    blocks = serve_config("auto", 4, 64, memory_bound).num_blocks
+    config = json.loads((Path(memory_bound.target) / "config.json").read_text())
+    per_block = 16 * config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * config["head_dim"] * 4
+    assert 4096 * per_block == 5 * 2 ** 30 and blocks * per_block < 1.5 * 2 ** 30
 
 
 def test_memory_bound_preset(tmp_path):

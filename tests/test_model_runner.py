@@ -156,3 +156,20 @@ def test_bfloat16_runner_tracks_float32(tiny_checkpoints):
     assert half.dtype == torch.float32 and half.shape == full.shape
     assert (half - full).abs().max() < 0.1 * full.abs().max()
     assert (half.argmax(-1) == full.argmax(-1)).float().mean() >= 0.9
+
+
+def test_a_kv_cache_larger_than_the_memory_available_is_refused_by_its_flag(tiny_checkpoints, monkeypatch):
+    """Refused before a byte is allocated, naming --num-blocks; zeroed anyway, the cache would
+    bring the kernel's OOM killer onto this process or another one on the host."""
+    from minedraft import kv_cache
+
+    assert kv_cache.available_memory(torch.device("cpu")) > 0          # read from /proc/meminfo
+    runner = _runner(tiny_checkpoints["qwen3"], num_blocks=64)
+    needed = runner.kv_cache.nbytes
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: needed - 1)
+    with pytest.raises(MemoryError, match=r"--num-blocks 64 \(--block-size 4\) needs .* lower --num-blocks"):
+        _runner(tiny_checkpoints["qwen3"], num_blocks=64)
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: needed)
+    assert _runner(tiny_checkpoints["qwen3"], num_blocks=64).kv_cache.nbytes == needed
+    monkeypatch.setattr(kv_cache, "available_memory", lambda device: None)      # unknown: not checked
+    assert _runner(tiny_checkpoints["qwen3"], num_blocks=64).kv_cache.nbytes == needed

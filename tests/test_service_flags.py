@@ -1,9 +1,11 @@
 """The drafter's and verifier's own commands: every flag explained with its default in --help,
-and --version."""
+--version, and a KV cache too large for the host refused in one line."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
 import pytest
 
@@ -31,3 +33,15 @@ def test_version(name, capsys):
     with pytest.raises(SystemExit) as exited:
         PARSERS[name]().parse_args(["--version"])
     assert exited.value.code == 0 and capsys.readouterr().out.strip() == f"{name} {__version__}"
+
+
+@pytest.mark.parametrize("name", PARSERS)
+def test_a_kv_cache_the_host_cannot_hold_ends_the_service_in_one_line_naming_the_flag(name, tiny_checkpoints):
+    """Before the service listens or dials anyone: the model loads, the cache is refused."""
+    blocks = 10 ** 12                           # far beyond any host's memory
+    done = subprocess.run([sys.executable, "-m", name, "--model", str(tiny_checkpoints["qwen3"]), "--port", "0",
+                           "--num-blocks", str(blocks), "--verifier", "127.0.0.1:9"][:None if name == "drafter_svc" else -2],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert f"out of memory: the KV cache of --num-blocks {blocks} (--block-size 16) needs" in done.stderr
+    assert "lower --num-blocks" in done.stderr and "Traceback" not in done.stderr

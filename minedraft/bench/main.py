@@ -373,7 +373,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--dtype", default="float32", choices=DTYPES)
     bench.add_argument("--target-device", default="cpu")
     bench.add_argument("--draft-device", default="cpu")
-    bench.add_argument("--num-blocks", type=int, default=4096, help="KV cache blocks per service")
+    bench.add_argument("--num-blocks", type=int, default=None,
+                       help="KV cache blocks per service (default: room for the run's concurrency of the "
+                            "dataset's longest prompt and --max-tokens, twice over)")
     bench.add_argument("--server", default=None,
                        help="measure an already running gateway (its own mode and k) instead of starting services")
     bench.add_argument("--unequal", action="store_true",

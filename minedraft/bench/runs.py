@@ -6,6 +6,7 @@ progress line printed before each run, because a sweep runs for hours."""
 from __future__ import annotations
 
 import argparse
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -14,7 +15,8 @@ from pathlib import Path
 from minedraft import bundled
 from minedraft.bench.headline import ONE_CORE_AR
 from minedraft.bench.phases import poisson_arrivals
-from minedraft.bench.workload import DATA
+from minedraft.bench.workload import DATA, longest_prompt_tokens
+from minedraft.config import RunnerConfig
 from minedraft.constants import BENCH_MODES
 from minedraft.launcher import ServeConfig
 from minedraft.service.placement import parse_cpus
@@ -32,6 +34,10 @@ SWEEP_PSD_K = [2, 4, 6, 8]
 # at C = 1 or 2 a few prompts last a second or two, which this machine's noise swamps.
 PROMPTS_PER_SLOT = 4
 MIN_PROMPTS = 16
+# KV cache blocks per service when --num-blocks is not given (kv_blocks): room for every
+# request of the run, a quarter more, and never fewer than MIN_KV_BLOCKS.
+KV_HEADROOM = 1.25
+MIN_KV_BLOCKS = 256
 PEERS = "peers"          # transformers' rows (peers.py), one entry for the pair at a concurrency
 SERVER = "server"        # --server: the running gateway's own mode and k
 UNEQUAL = "psd-2xC"
@@ -74,6 +80,8 @@ def apply_presets(args: argparse.Namespace) -> str | None:
     if min([*args.concurrency, *args.k, *(args.psd_k or []), 1 if args.auto_k is None else args.auto_k,
             args.rounds]) < 1:
         return "--concurrency, --k, --psd-k, --auto-k and --rounds must be at least 1"
+    if args.num_blocks is not None and args.num_blocks < 1:
+        return f"--num-blocks must be at least 1, got {args.num_blocks}"
     if not args.warmup_s >= 0:
         return "--warmup-s is a duration in seconds: 0 or more"
     if args.synthetic_acceptance is not None and not all(0.0 <= p <= 1.0 for p in args.synthetic_acceptance):
@@ -124,7 +132,7 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
                 synthetic_acceptance=None if args.synthetic_acceptance is None else tuple(args.synthetic_acceptance),
                 random_weights=args.random_weights,
                 dtype=args.dtype, target_device=args.target_device, draft_device=args.draft_device,
-                num_blocks=args.num_blocks, http_port=0)           # the bench speaks gRPC only
+                num_blocks=kv_blocks(concurrency, k, args), http_port=0)    # the bench speaks gRPC only
     all_cpus = args.all_cpus
     all_threads = max(1, len(parse_cpus(all_cpus)))
     if mode == "psd":
@@ -140,6 +148,20 @@ def serve_config(mode: str, k: int, concurrency: int, args: argparse.Namespace) 
         return ServeConfig(mode="sd", max_batch=concurrency, target_cpus=all_cpus, draft_cpus=all_cpus,
                            target_threads=all_threads, draft_threads=all_threads, **base)
     return ServeConfig(mode=mode, max_batch=concurrency, **base)
+
+
+def kv_blocks(concurrency: int, k: int, args: argparse.Namespace) -> int:
+    """KV cache blocks per service: --num-blocks, else room for `concurrency` requests of the
+    dataset's longest prompt (in the target's tokens), --max-tokens, a verify of k + 1 and the
+    step plain decoding keeps in flight past the end, KV_HEADROOM times over. The services'
+    own default (4096) gives the memory-bound stand-in's target a 5 GiB cache: a --paired
+    run starts every setting's services at once, and four of them took the host's memory
+    (the kernel killed an idle cluster's verifier)."""
+    if args.num_blocks:
+        return args.num_blocks
+    block = RunnerConfig.block_size
+    per_request = -(-(longest_prompt_tokens(args.dataset, args.target) + args.max_tokens + k + 2) // block)
+    return max(MIN_KV_BLOCKS, math.ceil(KV_HEADROOM * concurrency * per_request))
 
 
 def run_list(args: argparse.Namespace) -> list[RunSpec]:

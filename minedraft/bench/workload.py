@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from minedraft import bundled
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -59,6 +61,17 @@ def load_workload(path: str | None, limit: int) -> Workload:
         items = items + items
     items = items[:limit]
     return Workload([item[0] for item in items], [item[1] for item in items], [item[2] for item in items])
+
+
+def longest_prompt_tokens(path: str | None, model_dir: str) -> int:
+    """The longest prompt of the set (as load_workload names it) in the tokens of the model's
+    tokenizer.json, or in UTF-8 bytes (never fewer than its tokens) where the directory has none."""
+    prompts = bundled.load_prompts() if path is None else [item[0] for item in _from_file(DATASETS.get(path, Path(path)))]
+    vocabulary = Path(model_dir) / "tokenizer.json"
+    if vocabulary.is_file():
+        encode = Tokenizer.from_file(str(vocabulary)).encode
+        return max((len(encode(prompt).ids) for prompt in prompts), default=0)
+    return max((len(prompt.encode()) for prompt in prompts), default=0)
 
 
 def load_prompts(path: str | None, limit: int) -> list[str]:

@@ -93,4 +93,9 @@ def run(main: Callable[[], Awaitable[None]], log_level: str = "INFO", log_format
             except asyncio.CancelledError:
                 pass
 
-    uvloop.run(guarded())
+    try:
+        uvloop.run(guarded())
+    except MemoryError as err:
+        # Said in one line rather than a traceback: the fix is a flag (say --num-blocks).
+        logging.getLogger("minedraft.service").critical("out of memory: %s", err)
+        raise SystemExit(1) from None
