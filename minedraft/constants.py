@@ -28,3 +28,9 @@ DEFAULT_VERIFIER = f"127.0.0.1:{VERIFIER_PORT}"
 MAX_MESSAGE_BYTES = 256 << 20
 # The largest request the public API accepts: a prompt of about a million characters.
 MAX_REQUEST_BYTES = 4 << 20
+
+
+def acceptance_rates_valid(rates) -> bool:
+    """Whether synthetic acceptance rates (benchmark mode) are some, each a probability: each
+    place that takes them (the verifier, its flag, the bench's) names its own field."""
+    return bool(rates) and all(0.0 <= p <= 1.0 for p in rates)

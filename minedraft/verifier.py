@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from minedraft.constants import acceptance_rates_valid
 from minedraft.engine_requests import RequestState, RequestTable, sampling_rows
 from minedraft.model_runner import ForwardChunk
 from minedraft.rejection_sampler import rejection_sample
@@ -29,7 +30,7 @@ class Verifier(RequestTable):
         super().__init__(runner)
         rates = None if synthetic_acceptance is None else (
             (synthetic_acceptance,) if isinstance(synthetic_acceptance, (int, float)) else tuple(synthetic_acceptance))
-        if rates is not None and (not rates or not all(0.0 <= p <= 1.0 for p in rates)):
+        if rates is not None and not acceptance_rates_valid(rates):
             raise ValueError(f"synthetic_acceptance must be rates in [0, 1], got {synthetic_acceptance}")
         self.synthetic_rates = rates
         self._synthetic_rate: dict[str, float] = {}     # request id -> the rate it took

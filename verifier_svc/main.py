@@ -21,7 +21,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from minedraft import bundled
-from minedraft.constants import DATA_PLANES, VERIFIER_PORT
+from minedraft.constants import DATA_PLANES, VERIFIER_PORT, acceptance_rates_valid
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
 from minedraft.service.network import advertised_host, free_port
 from minedraft.service.placement import compute_thread, parse_cpus, place_process
@@ -77,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.synthetic_acceptance is not None and not args.benchmark_only:
         parser.error("--synthetic-acceptance changes outputs and exists for benchmarks only; "
                      "it needs --benchmark-only")
-    if args.synthetic_acceptance is not None and not all(0.0 <= p <= 1.0 for p in args.synthetic_acceptance):
+    if args.synthetic_acceptance is not None and not acceptance_rates_valid(args.synthetic_acceptance):
         parser.error(f"--synthetic-acceptance: rates must be in [0, 1], got {args.synthetic_acceptance}")
     try:
         lent = parse_cpus(args.borrow_cpus)

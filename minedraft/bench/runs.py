@@ -17,7 +17,7 @@ from minedraft.bench.headline import ONE_CORE_AR
 from minedraft.bench.phases import poisson_arrivals
 from minedraft.bench.workload import DATA, longest_prompt_tokens
 from minedraft.config import RunnerConfig
-from minedraft.constants import BENCH_MODES
+from minedraft.constants import BENCH_MODES, acceptance_rates_valid
 from minedraft.launcher import ServeConfig
 from minedraft.service.placement import parse_cpus
 
@@ -84,7 +84,7 @@ def apply_presets(args: argparse.Namespace) -> str | None:
         return f"--num-blocks must be at least 1, got {args.num_blocks}"
     if not args.warmup_s >= 0:
         return "--warmup-s is a duration in seconds: 0 or more"
-    if args.synthetic_acceptance is not None and not all(0.0 <= p <= 1.0 for p in args.synthetic_acceptance):
+    if args.synthetic_acceptance is not None and not acceptance_rates_valid(args.synthetic_acceptance):
         return f"--synthetic-acceptance: rates must be in [0, 1], got {args.synthetic_acceptance}"
     return None
 
