@@ -340,6 +340,11 @@ def test_paired_cli_keeps_every_setting_up_and_alternates_their_runs(tmp_path):
     runs = at_c2["runs"]
     assert set(runs) == {"auto", "ar", "ar (control)"} and all(len(rs) == 3 for rs in runs.values())
     assert all(r["same_as_ar"] is True for rs in runs.values() for r in rs)
+    # auto's runs say what it chose, when and on what predictions (each run's own decisions).
+    for run in runs["auto"]:
+        assert run["layout_changes"] and all(c["layout"] in ("ar", "sd", "psd") for c in run["layout_changes"])
+        assert all(c["at_s"] > -1.0 for c in run["layout_changes"]) and set(run["layout_slowdown"]) <= {"ar", "sd", "psd"}
+    assert all("layout_changes" not in r for r in runs["ar"])
     # auto, ar, the control; the next pass the other way round; and so on.
     order = sorted(((r["started_s"], name) for name, rs in runs.items() for r in rs))
     assert [name for _, name in order] == ["auto", "ar", "ar (control)", "ar (control)", "ar", "auto",

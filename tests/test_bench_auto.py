@@ -20,7 +20,8 @@ from minedraft.bench.main import add_parser, compare, workload_for
 from minedraft.bench.pace import probe, probed, relative_paces
 from minedraft.bench.phases import (Phase, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
-from minedraft.bench.report import acceptance_by_kind, auto_metrics, model_error, plain
+from minedraft.bench.report import (acceptance_by_kind, auto_metrics, layout_changes, model_error, newest_decision,
+                                    plain)
 from minedraft.bench.rounds import fold_rows, fold_runs, median_row
 from minedraft.bench.runs import (Progress, RunSpec, apply_presets, num_prompts, progress_line, round_order, run_list,
                                   serve_config, spread_modes)
@@ -67,6 +68,22 @@ def test_auto_choices_from_step_records():
     assert metrics["mean_draft_length"] == pytest.approx((4 + 2 + 3 + 0 + 0) / 5)
     assert metrics["max_draft_length"] == 4
     assert auto_metrics([{"kind": "verify", "start_s": 0.0, "verify_busy_s": 0.01}]) == {}   # older gateways
+
+
+def test_a_runs_layout_changes_are_autos_decisions_since_the_run_began_that_changed_layout():
+    history = [{"at_s": 9.0, "layout": "psd", "requests": 8},                 # the warm-up's
+               {"at_s": 10.2, "layout": "ar", "requests": 8, "layout_tokens_per_s": {"ar": 800.04, "psd": 700.0}},
+               {"at_s": 10.4, "layout": "ar", "requests": 8},                 # no change
+               {"at_s": 11.0, "layout": "psd", "trying": "psd", "requests": 8},
+               {"at_s": 11.5, "layout": "ar", "trying": "", "requests": 7}]
+    info = {"plan": {"history": history}}
+    calls = [{"kind": "verify", "start_s": 10.1}, {"kind": "verify", "start_s": 12.0}, {"kind": "free"}]
+    assert newest_decision(info) == 11.5 and newest_decision({}) == float("-inf")
+    assert layout_changes(info, 9.0, calls) == [
+        {"at_s": 0.1, "layout": "ar", "trying": False, "requests": 8, "tokens_per_s": {"ar": 800.0, "psd": 700.0}},
+        {"at_s": 0.9, "layout": "psd", "trying": True, "requests": 8, "tokens_per_s": {}},
+        {"at_s": 1.4, "layout": "ar", "trying": False, "requests": 7, "tokens_per_s": {}}]
+    assert layout_changes(info, 11.5, calls) == [] and layout_changes({}, 0.0, calls) == []
 
 
 def test_plain_turns_client_values_into_json():

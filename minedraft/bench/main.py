@@ -43,8 +43,8 @@ from minedraft.bench.peers import peer_rows
 from minedraft.bench.phases import (format_rate_steps, parse_rate_steps, phase_metrics, poisson_arrivals,
                                     throughput_series)
 from minedraft.bench.plots import plot_auto, plot_rate_steps, plot_timeline, plot_vs_concurrency, plot_vs_k
-from minedraft.bench.report import (acceptance_by_kind, auto_metrics, model_error, plain, psd_against_sd,
-                                    request_metrics, step_metrics)
+from minedraft.bench.report import (acceptance_by_kind, auto_metrics, model_error, newest_decision, plain,
+                                    psd_against_sd, request_metrics, step_metrics)
 from minedraft.bench.rounds import fold_rows, fold_runs
 from minedraft.bench.runs import (PEERS, SERVER, UNEQUAL, Progress, RunSpec, apply_presets, num_prompts, round_order,
                                   run_list, serve_config)
@@ -109,8 +109,7 @@ def measure(address: str, mode: str, k: int, concurrency: int, workload: Workloa
     with Client(address, timeout=600) as client:
         before = settled_newest_step(client)
         # auto's decisions so far (the warm-up's) are not the run's
-        plan = plain(client.server_info()).get("plan") or {}
-        seen = max((d["at_s"] for d in plan.get("history", [])), default=float("-inf"))
+        seen = newest_decision(plain(client.server_info()))
     arrivals = arrivals_for(len(workload.prompts), args)
     if arrivals is not None:            # a schedule sends as many prompts as it has arrivals
         workload = workload.head(len(arrivals))

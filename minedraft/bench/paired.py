@@ -34,7 +34,7 @@ from pathlib import Path
 
 from minedraft.bench.driver import run_workload, warm_up
 from minedraft.bench.main import settled_newest_step, steps_after, wait_for_quiet, workload_for
-from minedraft.bench.report import auto_metrics, percentile, request_metrics
+from minedraft.bench.report import auto_metrics, layout_changes, newest_decision, percentile, plain, request_metrics
 from minedraft.bench.runs import PEERS, UNEQUAL, RunSpec, run_list, serve_config
 from minedraft.client import Client
 from minedraft.launcher import Cluster
@@ -109,6 +109,7 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
             for name in order:
                 with Client(addresses[name], timeout=600) as client:
                     before = settled_newest_step(client)
+                    seen = newest_decision(plain(client.server_info()))
                 started_s = time.perf_counter() - began
                 timings, wall = asyncio.run(run_workload(addresses[name], workload.prompts, args.max_tokens,
                                                          args.ignore_eos, concurrency, None,
@@ -116,11 +117,14 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
                 with Client(addresses[name], timeout=600) as client:
                     wait_for_quiet(client)
                     steps = steps_after(client, before)
+                    info = plain(client.server_info())
                 metrics = request_metrics(timings, wall)
+                planned = {"layout_changes": layout_changes(info, seen, steps),
+                           "layout_slowdown": info["plan"].get("layout_slowdown", {})} if info.get("plan") else {}
                 runs[name].append({
                     "pass": index, "started_s": started_s, "tokens_per_s": metrics["output_tokens_per_s"],
                     "latency_p50_s": metrics["latency_p50_s"],
-                    **auto_metrics(steps), "token_ids": [t.token_ids for t in timings]})
+                    **auto_metrics(steps), **planned, "token_ids": [t.token_ids for t in timings]})
             done = ", ".join(f"{n} {runs[n][-1]['tokens_per_s']:.0f}" for n in names)
             print(f"[paired C={concurrency}] pass {index + 1}/{args.paired}: {done} tok/s", flush=True)
     greedy = args.synthetic_acceptance is None and not any(workload.sampling or [])

@@ -173,3 +173,26 @@ def auto_metrics(calls: list[dict]) -> dict:
     if plain:           # plain decoding on the drafter's cores too (on CPU, where it pays)
         metrics["lent_share"] = sum(1 for c in plain if c.get("borrowed")) / len(plain)
     return metrics
+
+
+def newest_decision(info: dict) -> float:
+    """When (on the steps' clock) auto's latest plan decision in GetServerInfo was made:
+    decisions after it are a later run's."""
+    return max((d["at_s"] for d in (info.get("plan") or {}).get("history", [])), default=float("-inf"))
+
+
+def layout_changes(info: dict, seen: float, calls: list[dict]) -> list[dict]:
+    """auto's decisions since `seen` that changed its layout, the first of them included:
+    when (seconds from the run's first step), to which layout, whether as a trial, for how
+    many requests and what the planner predicted each layout would give then. A paired run
+    keeps them per pass, so a pass that ran a layout slower than plain decoding says why."""
+    start = min((c["start_s"] for c in calls if "start_s" in c), default=0.0)
+    changes, last = [], None
+    for decision in (info.get("plan") or {}).get("history", []):
+        if decision["at_s"] <= seen or decision["layout"] == last:
+            continue
+        last = decision["layout"]
+        changes.append({"at_s": round(decision["at_s"] - start, 3), "layout": last,
+                        "trying": bool(decision.get("trying")), "requests": decision.get("requests", 0),
+                        "tokens_per_s": {k: round(v, 1) for k, v in decision.get("layout_tokens_per_s", {}).items()}})
+    return changes
