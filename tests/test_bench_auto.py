@@ -455,7 +455,7 @@ def test_serve_configs_give_every_mode_the_same_cores():
 def test_the_bench_sizes_each_runs_kv_cache_for_its_requests_unless_told(tmp_path):
     """Room for C requests of the longest prompt (in the target's tokens), the output and a
     verify of k + 1, a quarter more: the memory-bound stand-in's target at C = 64 holds
-    about a GiB, where the services' default of 4096 blocks held 5 (a --paired run starts
+    1.3 GiB, where the services' default of 4096 blocks held 5 (a --paired run starts
     every setting at once)."""
     from minedraft import bundled
     from minedraft.bench.workload import longest_prompt_tokens

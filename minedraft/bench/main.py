@@ -374,7 +374,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     bench.add_argument("--draft-device", default="cpu")
     bench.add_argument("--num-blocks", type=int, default=None,
                        help="KV cache blocks per service (default: room for the run's concurrency of the "
-                            "dataset's longest prompt and --max-tokens, twice over)")
+                            "dataset's longest prompt, --max-tokens and a draft, a quarter more)")
     bench.add_argument("--server", default=None,
                        help="measure an already running gateway (its own mode and k) instead of starting services")
     bench.add_argument("--unequal", action="store_true",
