@@ -91,7 +91,7 @@ class KVCache:
     def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str) -> None:
         shape = (num_layers, 2, num_blocks * block_size, num_kv_heads, head_dim)
-        needed = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        needed = math.prod(shape) * dtype.itemsize
         available = available_memory(torch.device(device))
         if available is not None and needed > available:
             # Allocated anyway, the cache would be filled as it is zeroed, and the kernel's

@@ -160,7 +160,7 @@ def kv_blocks(concurrency: int, k: int, args: argparse.Namespace) -> int:
     if args.num_blocks:
         return args.num_blocks
     block = RunnerConfig.block_size
-    per_request = -(-(longest_prompt_tokens(args.dataset, args.target) + args.max_tokens + k + 2) // block)
+    per_request = math.ceil((longest_prompt_tokens(args.dataset, args.target) + args.max_tokens + k + 2) / block)
     return max(MIN_KV_BLOCKS, math.ceil(KV_HEADROOM * concurrency * per_request))
 
 

@@ -6,6 +6,7 @@ things; a row without them is sent with the bench's defaults (greedy)."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +52,7 @@ def load_workload(path: str | None, limit: int) -> Workload:
     """Bundled prompts when path is None; a shipped set by name; else ShareGPT-style JSON
     (first human turn of each conversation), Spec-Bench-style question.jsonl (first turn) or
     plain JSONL/text lines. A short set is repeated to fill `limit`."""
-    if path is None:
-        items = [(prompt, "", None) for prompt in bundled.load_prompts()]
-    else:
-        items = _from_file(DATASETS.get(path, Path(path)))
+    items = _items(path)
     if not items:
         raise ValueError(f"no prompts found in {path or 'the bundled set'}")
     while len(items) < limit:
@@ -63,10 +61,19 @@ def load_workload(path: str | None, limit: int) -> Workload:
     return Workload([item[0] for item in items], [item[1] for item in items], [item[2] for item in items])
 
 
+def _items(path: str | None) -> list[tuple[str, str, Sampling | None]]:
+    """The set's (prompt, kind, sampling) triples, as load_workload names sets."""
+    if path is None:
+        return [(prompt, "", None) for prompt in bundled.load_prompts()]
+    return _from_file(DATASETS.get(path, Path(path)))
+
+
+@functools.cache
 def longest_prompt_tokens(path: str | None, model_dir: str) -> int:
     """The longest prompt of the set (as load_workload names it) in the tokens of the model's
-    tokenizer.json, or in UTF-8 bytes (never fewer than its tokens) where the directory has none."""
-    prompts = bundled.load_prompts() if path is None else [item[0] for item in _from_file(DATASETS.get(path, Path(path)))]
+    tokenizer.json, or in UTF-8 bytes (never fewer than its tokens) where the directory has none.
+    Kept per set and model: the bench asks once per run it starts."""
+    prompts = [item[0] for item in _items(path)]
     vocabulary = Path(model_dir) / "tokenizer.json"
     if vocabulary.is_file():
         encode = Tokenizer.from_file(str(vocabulary)).encode
