@@ -41,6 +41,12 @@ logger = logging.getLogger("minedraft.gateway")
 SPELLS_KEPT = 64          # measured spells per layout the slowdown is read from
 SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
 MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its running is measured
+MEASURED_ENOUGH_DRAWS = 32  # ... and, for a drafting layout, this many request-steps (a step of a
+                            # request gives 1 to k + 1 tokens by chance: at k = 2 and acceptance
+                            # 0.7, 2.2 on average with a spread of 0.9. Where a step takes 140 ms,
+                            # one request's 0.3 s held two of them, its sd read 14-18 tok/s from
+                            # plan to plan against plain decoding's steady 16-17, and auto left sd,
+                            # 7% ahead, within seconds of each of its three tries)
 SLOWDOWN_PULL = (0.005, 0.05)  # s: the decoding and prefill slowdowns are pulled towards 1 as if
                             # by this much on time (a single prompt's prefill in a spell must not
                             # read as prefill's price)
@@ -59,7 +65,9 @@ TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a d
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
 FIRST_EXPLORE_WITHIN = 0.6      # ... from this close while it was never measured (early in a run)
-EXPLORE_MAX_S = 1.5         # ... until MEASURED_ENOUGH_S of it is measured, or for this long at most
+EXPLORE_MAX_S = 1.5         # ... until enough of it is measured (see _enough), or for this long at
+                            # most, or where its steps are long, for the time of twice
+                            # MEASURED_ENOUGH_DRAWS request-steps at its predicted pace
 LOAD_DROP_S = 0.25          # fewer requests than the settled layout was chosen for: kept this long
                             # before the choice follows (a closed loop's wave ends, the next begins)
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
@@ -123,6 +131,7 @@ class _Measured(NamedTuple):
     tokens: int
     prompt_tokens: int
     seconds: float
+    draws: int                      # request-steps: the requests its steps verified, summed
 
 
 def _as_planned(spell: _Spell) -> bool:
@@ -192,7 +201,7 @@ class AutoPlanner:
         self.clock_origin = time.perf_counter()
 
     # ---- measuring -------------------------------------------------------------------------
-    def observe_step(self, layout: str, tokens: int, prompt_tokens: int, batch: int | None = None) -> None:
+    def observe_step(self, layout: str, tokens: int, prompt_tokens: int, batch: int) -> None:
         """A verify step in `layout` came back ("" while the batches are still moving to the
         plan's layout): the tokens it gave its requests (accepted drafts and the target's
         own), the prompt tokens it prefilled and the requests it verified."""
@@ -236,7 +245,7 @@ class AutoPlanner:
             return
         if now > spell.since:
             measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,
-                                 now - spell.since)
+                                 now - spell.since, spell.batch_sum)
             self._measured[spell.layout].append(measured)
             if logger.isEnabledFor(logging.DEBUG):
                 decoding, prefill = self._predicted_s(spell.layout, measured, self.costs(), {})
@@ -256,6 +265,14 @@ class AutoPlanner:
         return sum(spell.seconds for spell in self._recent(layout, since))
 
     @staticmethod
+    def _enough(layout: str, spells: list[_Measured]) -> bool:
+        """Whether these spells are enough to read the layout's slowdown from: MEASURED_ENOUGH_S
+        of its running and, if it drafts, MEASURED_ENOUGH_DRAWS request-steps (its tokens are
+        partly chance, and where steps are long a fraction of a second holds one or two)."""
+        return (sum(spell.seconds for spell in spells) >= MEASURED_ENOUGH_S
+                and (layout == "ar" or sum(spell.draws for spell in spells) >= MEASURED_ENOUGH_DRAWS))
+
+    @staticmethod
     def _predicted_s(layout: str, spell: _Measured, costs: StepCosts,
                      step_times: dict[tuple[int, ...], float | None]) -> tuple[float, float]:
         """(decoding, prefill): what the model says now that the spell's work should have
@@ -273,8 +290,8 @@ class AutoPlanner:
         return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
     def slowdown(self, layout: str) -> float:
-        """Measured over predicted time of the layout's decoding lately (1 until
-        MEASURED_ENOUGH_S of it is measured)."""
+        """Measured over predicted time of the layout's decoding lately (1 until enough of
+        it is measured, see _enough)."""
         return self._slowdowns(layout)[0]
 
     def prefill_slowdown(self, layout: str) -> float:
@@ -290,7 +307,7 @@ class AutoPlanner:
         decoding look twice as slow as it decodes); fitted in that order because a wave's
         spell has almost no decoding to tell the two apart by."""
         recent = self._recent(layout)
-        if sum(spell.seconds for spell in recent) < MEASURED_ENOUGH_S:
+        if not self._enough(layout, recent):
             return 1.0, 1.0
         costs = self.costs()
         read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
@@ -358,7 +375,7 @@ class AutoPlanner:
                                            switch_s=switch_s, horizon_s=SWITCH_HORIZON_S,
                                            prefill_slowdown=prefill_slowdown), considered=best.considered)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
-            trying = None if moved else self._layout_to_try(best)
+            trying = None if moved else self._layout_to_try(best, len(requests))
             if len(requests) >= self._settled_for:
                 self._fewer_since = None
             elif self._fewer_since is None:
@@ -420,23 +437,31 @@ class AutoPlanner:
         catch_up = self.costs().draft_per_new_token * tokens
         return {"sd": catch_up, "psd": catch_up}
 
-    def _layout_to_try(self, best: Plan) -> str | None:
+    def _layout_to_try(self, best: Plan, running: int) -> str | None:
         """A contender not measured lately (or the one being tried, until it has been)."""
         now = time.monotonic()
         if self._exploring is not None:
             layout, since, _ = self._exploring
-            measured = self._measured_s(layout, since)
-            if layout in best.considered and measured < MEASURED_ENOUGH_S and now - since < EXPLORE_MAX_S:
+            measured = self._enough(layout, self._recent(layout, since))
+            if layout in best.considered and not measured and now - since < self._trial_cap_s(layout):
                 return layout
             self._exploring = None
             self._trial_length_s = now - since
-            if measured >= MEASURED_ENOUGH_S:       # the fresh measurement replaces the old one
+            if measured:                            # the fresh measurement replaces the old one
                 spells = self._measured[layout]
                 while spells and spells[0].ended < since:
                     spells.popleft()
         best_slowdown = self.slowdown(best.layout)
         for layout, rate in best.considered.items():
-            if layout == best.layout:
+            unmeasured = not self._enough(layout, self._recent(layout))
+            # The best is tried only to measure it, while the settled layout may keep it out on
+            # the margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms
+            # steps sd was predicted 7% ahead of plain decoding and not run for 12 s, its
+            # prediction never put to the test. Not while fewer requests run than the settled
+            # layout was chosen for (a wave's first or last request keeps it untried), nor at
+            # another load; the plain decoding a server starts with was chosen for none.
+            at_its_load = self._settled_for == 0 or self._settled_for <= running <= 2 * self._settled_for
+            if layout == best.layout and (layout == self._settled or not unmeasured or not at_its_load):
                 continue
             # A trial needs a chance of winning: the layout's rate were it to run no slower
             # against the cost model than the best does (its own measured slowdown, where
@@ -451,7 +476,6 @@ class AutoPlanner:
             # of a short run; with 0.75, psd predicted at 0.72 of plain decoding on the
             # acceptance prior was first tried 5 s into the bench's warm-up at C = 8, and
             # the trials and what they taught moved into the 3 s measured run).
-            unmeasured = self._measured_s(layout) < MEASURED_ENOUGH_S
             within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
             doubted = rate * max(1.0, self.slowdown(layout) / best_slowdown)
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
@@ -487,7 +511,7 @@ class AutoPlanner:
     def _may_explore(self, reserve: bool = True) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
         most EXPLORE_SHARE of the running time, with this one counted at the latest trial's
-        length if `reserve` (a trial lasts until MEASURED_ENOUGH_S of the layout is measured,
+        length if `reserve` (a trial lasts until enough of the layout is measured,
         and nothing is measured before the switch settles: after plain decoding, trials of a
         drafting layout took 0.7-1.7 s on the reference machine, not 0.3, and counted at 0.3
         they took a quarter of short runs).
@@ -498,6 +522,15 @@ class AutoPlanner:
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""
         return self._trial_s + (self._trial_length_s if reserve else 0.0) <= EXPLORE_SHARE * self._running_s
+
+    def _trial_cap_s(self, layout: str) -> float:
+        """How long a trial of `layout` may last at most: EXPLORE_MAX_S, or twice the time
+        MEASURED_ENOUGH_DRAWS request-steps take at the plan's predicted pace where that is
+        longer (a step of the plan verifies each of its requests once; psd's a cycle)."""
+        plan = self.plan
+        if layout == "ar" or plan.layout != layout or not plan.draft_lengths:
+            return EXPLORE_MAX_S
+        return max(EXPLORE_MAX_S, 2 * MEASURED_ENOUGH_DRAWS / len(plan.draft_lengths) * plan.step_s)
 
     def _recheck_wait(self, layout: str) -> float:
         """How long a layout's measurement stands before it is re-checked: the longer it was

@@ -374,6 +374,11 @@ STEPS_PER_SPELL = 8     # steps that come back in each spell the helpers below r
                         # any layout's SETTLE_STEPS, as in a real spell of 0.2 s)
 
 
+def _batch(layout: str, requests) -> int:
+    """The requests a step of `layout` verifies (psd: half of them)."""
+    return max(1, len(requests) // (2 if layout == "psd" else 1))
+
+
 def _run_for(planner, clock, requests, seconds: float, delivered: float, spells: int = 1) -> list[str]:
     """Plan and run `spells` times for `seconds` each, STEPS_PER_SPELL steps a spell, the requests
     receiving `delivered` times the tokens the plan predicted; -> the layouts run. The first
@@ -384,7 +389,8 @@ def _run_for(planner, clock, requests, seconds: float, delivered: float, spells:
         ran.append(plan.layout)
         unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
         for _ in range(STEPS_PER_SPELL):
-            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / STEPS_PER_SPELL), 0)
+            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / STEPS_PER_SPELL), 0,
+                                 _batch(plan.layout, requests))
         clock[0] += seconds
     return ran
 
@@ -397,7 +403,8 @@ def _spell_runner(planner, clock, requests, delivered: dict[str, float]):
         unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
         for _ in range(STEPS_PER_SPELL):
             planner.observe_step(plan.layout,
-                                 round(unslowed * seconds * delivered.get(plan.layout, 1.0) / STEPS_PER_SPELL), 0)
+                                 round(unslowed * seconds * delivered.get(plan.layout, 1.0) / STEPS_PER_SPELL), 0,
+                                 _batch(plan.layout, requests))
         clock[0] += seconds
         return plan.layout
     return run
@@ -410,8 +417,9 @@ def _measured_spell(planner, requests, layout: str, ended: float, predicted_s: f
 
     wanted = [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats), K_MAX) for r in requests]
     plan = choose_plan(planner.costs(), wanted, K_MAX, layouts=(layout,))
+    steps = predicted_s / plan.step_s               # (psd's a cycle: each request once)
     return _Measured(ended, tuple(plan.draft_lengths.values()), plan.decode_tokens_per_s * plan.step_s,
-                     round(plan.decode_tokens_per_s * predicted_s), 0, seconds)
+                     round(plan.decode_tokens_per_s * predicted_s), 0, seconds, round(steps * len(requests)))
 
 
 @pytest.fixture
@@ -439,6 +447,67 @@ def clock(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(auto.time, "monotonic", lambda: now[0])
     return now
+
+
+def _long_steps_planner():
+    """-> (planner, one request) whose model puts sd 2.8x ahead of plain decoding for one
+    request, in steps of about a third of a second (a large target's)."""
+    costs = StepCosts(draft_per_forward=0.01, draft_per_token=0.001, draft_fixed=0.0,
+                      verify_fixed=0.1, verify_per_token=0.02, gateway_per_step=0.001)
+    return _planner_with(costs), [_active(0)]
+
+
+def test_a_drafting_layouts_slowdown_is_read_from_enough_request_steps_not_seconds_alone():
+    """Where a step takes a third of a second, one request's MEASURED_ENOUGH_S holds a step or
+    two, whose tokens are mostly chance (1 to k + 1 a step): a drafting layout's slowdown is
+    read only once MEASURED_ENOUGH_DRAWS request-steps of it are measured. Plain decoding's
+    tokens are its steps', and its slowdown is read from MEASURED_ENOUGH_S as before."""
+    from gateway import auto
+
+    planner, one = _long_steps_planner()
+    wanted = [PlanRequest("r0", planner.acceptance.reach(one[0].seq.stats), K_MAX)]
+    step = {layout: choose_plan(planner.costs(), wanted, K_MAX, layouts=(layout,)).step_s for layout in ("ar", "sd")}
+    assert step["ar"] > 0.1 and step["sd"] > 0.3
+
+    def slow_step(layout: str, at: int):
+        """One step of `layout` that took twice its prediction."""
+        return _measured_spell(planner, one, layout, 1000.0 + at / 10, step[layout], 2 * step[layout])
+
+    for layout in ("sd", "ar"):
+        planner._measured[layout].extend(slow_step(layout, at) for at in range(2))
+        assert planner._measured_s(layout) >= auto.MEASURED_ENOUGH_S
+    assert planner.slowdown("ar") == pytest.approx(2.0, rel=0.02)
+    assert planner.slowdown("sd") == 1.0
+    planner._measured["sd"].extend(slow_step("sd", at) for at in range(2, auto.MEASURED_ENOUGH_DRAWS))
+    assert sum(spell.draws for spell in planner._measured["sd"]) == auto.MEASURED_ENOUGH_DRAWS
+    assert planner.slowdown("sd") == pytest.approx(2.0, rel=0.02)
+
+
+@pytest.mark.parametrize("delivered, chosen", [(1.0, "ar"), (2.0, "sd")])
+def test_the_best_layout_kept_out_on_the_margin_is_tried_until_measured_then_judged(clock, monkeypatch,
+                                                                                    delivered, chosen):
+    """sd is predicted ahead of plain decoding, the layout the server settled on, but not by
+    the switch margin. Auto tries it to measure it (kept out on the model's word alone, it
+    was never run, and never shown to be better or worse than predicted). Its steps are
+    long, so the trial outlasts EXPLORE_MAX_S until MEASURED_ENOUGH_DRAWS request-steps are
+    measured. Measured delivering what it was predicted to, it stays out on the margin;
+    delivering twice that, it is chosen."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "SWITCH_MARGIN", 4.0)     # sd predicted 2.8x ahead: kept out
+    planner, one = _long_steps_planner()
+    ran = []
+    for _ in range(auto.MEASURED_ENOUGH_DRAWS + 12):
+        plan = planner.replan(one, K_MAX)
+        ran.append((plan.layout, planner.history[-1].trying, clock[0]))
+        tokens = plan.decode_tokens_per_s * plan.step_s * (delivered if plan.layout == "sd" else 1.0)
+        planner.observe_step(plan.layout, round(tokens), 0, 1)
+        clock[0] += plan.step_s
+    trial = [at for layout, trying, at in ran if trying == "sd"]
+    assert ran[0][:2] == ("sd", "sd") and all(layout == "sd" for layout, _, _ in ran[:len(trial)])
+    assert len(trial) > auto.MEASURED_ENOUGH_DRAWS and trial[-1] - trial[0] > auto.EXPLORE_MAX_S
+    assert [layout for layout, _, _ in ran[len(trial):]] == [chosen] * (len(ran) - len(trial))
+    assert planner.slowdown("sd") == pytest.approx(1 / delivered, rel=0.1)
 
 
 def test_a_layout_that_delivers_less_than_predicted_stops_being_chosen(clock, no_first_trial_of_sd):
@@ -475,7 +544,7 @@ def test_a_spell_whose_steps_verified_another_batch_than_planned_is_not_measured
             clock[0] += 0.2
         return ran
 
-    for batch, counted in ((2, False), (16, False), (4, True), (5, True), (None, True)):
+    for batch, counted in ((2, False), (16, False), (4, True), (5, True)):
         planner = _planner_with(costs)
         assert run(planner, batch)[:3] == ["psd"] * 3
         assert planner.slowdown("psd") == (pytest.approx(2.0, rel=0.03) if counted else 1.0), batch
@@ -567,7 +636,7 @@ def test_forced_cycle_rotates_every_layout():
     for _ in range(12):
         if planner.replan_due(1):
             seen.append(planner.replan([_active(0)], K_MAX).layout)
-        planner.observe_step(seen[-1], 0, 0)
+        planner.observe_step(seen[-1], 0, 0, 1)
     assert set(seen) == {"ar", "sd", "psd"}
 
 
@@ -1131,11 +1200,11 @@ def test_a_wave_of_prefills_is_priced_at_the_layouts_own_prefill_cost(clock, mon
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
-    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0)[0]
+    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0, spells=2)[0]     # (enough measured)
     for burst, stretch in ((0, 1.0), (2000, 1.0), (2000, 1.0), (0, 1.0), (2000, 2.0), (2000, 2.0)):
         plan = planner.replan(requests, K_MAX)
         assert plan.layout == layout
-        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.1), burst)
+        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.1), burst, _batch(layout, requests))
         clock[0] += (0.1 + burst * planner.costs().prefill_per_token(layout)) * stretch
         if stretch == 1.0 and burst:
             planner.replan(requests, K_MAX)
@@ -1188,11 +1257,11 @@ def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock, no_firs
         clock[0] += 1.0
         planner.replan(requests, K_MAX)
     for _ in range(settle - 1):                         # all but one of the settling steps
-        planner.observe_step(layout, 10, 0)
+        planner.observe_step(layout, 10, 0, _batch(layout, requests))
     clock[0] += 1.0
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == 1.0 and not planner._measured[layout]
-    planner.observe_step(layout, 10, 0)                 # settled: the next spell counts
+    planner.observe_step(layout, 10, 0, _batch(layout, requests))                 # settled: the next spell counts
     clock[0] += 1.0
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == 1.0 and not planner._measured[layout]
@@ -1232,10 +1301,10 @@ def test_a_wave_priced_wrong_corrects_prefill_not_decoding(clock, monkeypatch, n
                       verify_per_token=1e-4, gateway_per_step=2e-4, verify_per_new_token=2e-4)
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
-    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0)[0]
+    layout = _run_for(planner, clock, requests, 0.2, delivered=1.0, spells=2)[0]     # (enough measured)
     for burst in (0, 0, 5000, 0, 0, 0):
         planner.replan(requests, K_MAX)
-        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.2), burst)
+        planner.observe_step(layout, round(planner.plan.decode_tokens_per_s * 0.2), burst, _batch(layout, requests))
         clock[0] += 0.2 + 2 * burst * planner.costs().prefill_per_token(layout)
     planner.replan(requests, K_MAX)
     assert planner.slowdown(layout) == pytest.approx(1.0, abs=0.05)
@@ -1369,7 +1438,7 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
         else:
             for _ in range(STEPS_PER_SPELL):
                 planner.observe_step(plan.layout, round(plan.tokens_per_s * planner.slowdown(plan.layout) * spell_s
-                                                        / STEPS_PER_SPELL), 0)
+                                                        / STEPS_PER_SPELL), 0, _batch(plan.layout, requests))
         clock[0] += spell_s
     assert trial_s >= auto.EXPLORE_MAX_S, "never re-checked"
     assert trial_s <= auto.EXPLORE_SHARE * spells * spell_s
@@ -1573,7 +1642,9 @@ def test_plain_decoding_kept_out_only_by_its_own_slowdown_is_rechecked_once_due(
     slow_until = clock[0]
 
     run = _spell_runner(planner, clock, requests, {})       # from now on every layout as predicted
-    ran = [run(0.5) for _ in range(4)]                      # (first trials of sd and psd, then psd)
+    ran = []
+    while planner._settled != "psd" and len(ran) < 8:       # (first trials of sd and psd, then psd)
+        ran.append(run(0.5))
     assert planner._settled == "psd" and planner.slowdown("ar") == pytest.approx(3.0, rel=0.05)
     planner._trial_length_s = auto.EXPLORE_MAX_S            # a trial ran to its limit in the slow spell
     due = auto.RECHECK_AFTER_S
@@ -1602,6 +1673,7 @@ def test_plain_decoding_left_on_its_own_slow_reading_is_rechecked_soon_then_ever
     for _ in range(3):                                      # 3 s of plain decoding at 0.6 ...
         planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 0.6, 1.0))
     planner._trial_s = planner._running_s = 1.0             # ... and the trial budget spent
+    measured_at = clock[0]
     slow_until = clock[0] + 10.0                            # slow for ten seconds more
 
     def run(seconds: float) -> str:
@@ -1609,12 +1681,14 @@ def test_plain_decoding_left_on_its_own_slow_reading_is_rechecked_soon_then_ever
         unslowed = plan.tokens_per_s * planner.slowdown(plan.layout)
         delivered = 0.6 if plan.layout == "ar" and clock[0] < slow_until else 1.0
         for _ in range(STEPS_PER_SPELL):
-            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / STEPS_PER_SPELL), 0)
+            planner.observe_step(plan.layout, round(unslowed * seconds * delivered / STEPS_PER_SPELL), 0,
+                                 _batch(plan.layout, requests))
         clock[0] += seconds
         return plan.layout
 
-    ran = [run(0.25) for _ in range(4)]
-    measured_at = clock[0] - 1.0                            # (the slow spells above ended then)
+    ran = []
+    while planner._settled == "ar" and len(ran) < 8:        # (trials of the drafting layouts first)
+        ran.append(run(0.25))
     assert "ar" not in ran and planner._settled in ("sd", "psd"), "".join(layout[0] for layout in ran)
     assert planner._recheck_wait("ar") == auto.RECHECK_AFTER_S  # (the usual wait: a long one)
     tried_at, was = [], None
