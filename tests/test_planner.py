@@ -276,6 +276,40 @@ def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
     assert estimate.reach(good)[3] > 0.9 > newcomer[3] > 0.1 > estimate.reach(bad)[0]
 
 
+def test_the_priors_strength_follows_how_much_requests_differ():
+    """Every request accepting each draft with 0.7: a request's few steps are chance, and one
+    with bad luck (3 of its first 8 drafts accepted) stays priced near the pool. Half the
+    requests at 0.9 and half at 0.2 (code and prose): a request's own record decides within
+    those 8 steps. Until MIN_REQUESTS requests are measured, the strength is the least one."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    def pool_of(rates: list[float], seed: int = 0) -> AcceptanceEstimate:
+        rng, estimate = random.Random(seed), AcceptanceEstimate(k_max=2)
+        for rate in rates:
+            stats = AcceptanceStats()
+            for _ in range(15):
+                estimate.record(stats, 2, next((j for j in range(2) if rng.random() >= rate), 2))
+        return estimate
+
+    unlucky = AcceptanceStats()
+    for step in range(8):
+        unlucky.record(1, int(step < 3))
+
+    alike = pool_of([0.7] * 100)
+    assert alike.strength() >= 32
+    assert alike.reach(unlucky)[0] == pytest.approx(alike.pool_reach()[0], abs=0.06)
+    assert alike.pool_reach()[0] == pytest.approx(0.7, abs=0.03)
+
+    differ = pool_of([0.9, 0.2] * 50)
+    assert differ.strength() == differ.prior_strength
+    assert differ.reach(unlucky)[0] < 0.45 < differ.pool_reach()[0]
+
+    few = pool_of([0.7] * (AcceptanceEstimate.MIN_REQUESTS - 1))
+    assert few.strength() == few.prior_strength
+    assert len(pool_of([0.7] * 300)._requests) == AcceptanceEstimate.REQUESTS_KEPT
+
+
 def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
     """Only short drafts so far, each accepted with 0.9 given the one before: the deep
     positions are predicted from that rate, not from a fixed pessimistic guess (which would
