@@ -596,7 +596,8 @@ class AutoPlanner:
         return model, generation_pb2.AutoPlan(
             layout=self.plan.layout, draft_lengths=list(self.plan.draft_lengths.values()),
             predicted_tokens_per_s=self.plan.tokens_per_s, layout_tokens_per_s=self.plan.considered,
-            acceptance_reach=list(self.acceptance.pool_reach()), replans=self.replans,
+            acceptance_reach=list(self.acceptance.pool_reach()),
+            acceptance_prior_strength=self.acceptance.strength(), replans=self.replans,
             layout_switches=self.layout_switches, explorations=self.explorations,
             layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS},
             layout_prefill_slowdown={layout: self.prefill_slowdown(layout) for layout in LAYOUTS},

@@ -97,6 +97,7 @@ def test_the_plan_and_the_cost_model_are_visible(planning, prompts, reference):
     assert plan["layout"] in LAYOUTS and plan["replans"] > 0
     assert set(plan["layout_tokens_per_s"]) <= set(LAYOUTS) and plan["layout_tokens_per_s"]
     assert len(plan["acceptance_reach"]) == K_MAX
+    assert 4.0 <= plan["acceptance_prior_strength"] <= 64.0
     for slowdowns in (plan["layout_slowdown"], plan["layout_prefill_slowdown"]):
         assert set(slowdowns) == set(LAYOUTS) and all(0.5 <= v <= 3.0 for v in slowdowns.values())
     assert model["prompt_per_output"] > 0                        # 16 prompts of several tokens each
