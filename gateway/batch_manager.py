@@ -365,7 +365,7 @@ class BatchManager:
         Measured slower, lending is re-checked LEND_FIRST_RECHECK_S after its last lent step,
         then ever less often (up to every LEND_RECHECK_S) while it stays slower."""
         model = self.planner.model
-        if self.planner.costs().lending_pays:
+        if model.lending_pays:
             self._lend_recheck_s = LEND_FIRST_RECHECK_S
             now = time.monotonic()
             if now - self._lent_step_at <= PLAIN_GAP_S:

@@ -435,6 +435,13 @@ class CostModel:
                          jitter=self.jitter, early_verify=self.early_verify, lent_ratio=lent_ratio,
                          lending_judged=judged, data_plane_per_step=_median(self._data_plane))
 
+    @property
+    def lending_pays(self) -> bool:
+        """StepCosts.lending_pays of the current costs, without fitting them: the Batch Manager
+        asks before every plain step, and a fit after each call took 2% of the gateway's CPU at
+        C = 64."""
+        return self._slower_lapsed() or not self._judged_slower()
+
     def _slower_lapsed(self) -> bool:
         """Whether the latest judgement said lending slows plain decoding, and was made over
         SLOWER_JUDGED_FOR_S ago."""

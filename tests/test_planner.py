@@ -792,9 +792,10 @@ def test_a_few_slow_lent_calls_do_not_judge_lending():
         model.observe_verify([0], 1.5 * own.verify([0]), borrowed=True)
     costs = model.costs()
     assert costs.lent_ratio > 1.2 and not costs.lending_pays and model.lending_doubted_at is None
+    assert not model.lending_pays
     for _ in range(2 * LENT_JUDGED + 1):                             # faster ones outvote them
         model.observe_verify([0], 0.7 * own.verify([0]), borrowed=True)
-    assert model.costs().lending_pays
+    assert model.costs().lending_pays and model.lending_pays
 
 
 def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_fit():
@@ -887,15 +888,15 @@ def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
     for _ in range(LENT_JUDGED):                            # ... and still, just after
         model.observe_verify([0] * 8, 0.008, borrowed=True)
     costs = model.costs()
-    assert costs.lending_judged == pytest.approx(2.0) and not costs.lending_pays
+    assert costs.lending_judged == pytest.approx(2.0) and not costs.lending_pays and not model.lending_pays
     assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8))          # the own cores
     now[0] += SLOWER_JUDGED_FOR_S / 2
-    assert not model.costs().lending_pays
+    assert not model.costs().lending_pays and not model.lending_pays     # (the latter without a fit)
     model.observe_verify([0] * 8, 0.005, borrowed=True)     # a lent step with no own-core step near:
     assert not model.costs().lending_pays                   # judged again on the old steps, as old
     now[0] += SLOWER_JUDGED_FOR_S / 2 + 1
     costs = model.costs()
-    assert costs.lending_judged is None and costs.lending_pays
+    assert costs.lending_judged is None and costs.lending_pays and model.lending_pays
     assert costs.plain_verify([0] * 8) == pytest.approx(costs.verify([0] * 8, borrowed=True))
     assert costs.verify([0] * 8, borrowed=True) <= costs.verify([0] * 8)
     for _ in range(OWN_PARTNERS):                           # judged afresh: slower again (twice)
