@@ -2,12 +2,13 @@
 
 A request's reach at position j, the chance that its drafts 1..j are all accepted, is its own
 share of steps that drafted j and had j accepted (minedraft.metrics counts exactly that),
-pulled by a number of pseudo-steps (the prior's strength) towards its own reach one position before times the
-pool's conditional acceptance at j (at position 1: towards the pool's reach there): a new
-request starts from what the others did, one the draft model predicts badly (or well) moves
-away within a few steps, and a position it has not drafted yet follows its own record up to
-there (pulled towards the pool's reach itself, a request whose drafts were always accepted
-would be priced at the pool's rate past the positions it drafted, however well it drafts).
+pulled by a number of pseudo-steps (the prior's strength) towards its own reach one position
+before times the pool's conditional acceptance at j (at position 1: towards the pool's reach
+there): a new request starts from what the others did, one the draft model predicts badly
+(or well) moves away within a few steps, and a position it has not drafted yet follows its
+own record up to there (pulled towards the pool's reach itself, a request whose drafts were
+always accepted would be priced at the pool's rate past the positions it drafted, however
+well it drafts).
 
 How strongly depends on how much requests differ (an empirical-Bayes prior): the spread of
 the recent requests' first-draft acceptance, less what their counts alone would scatter,

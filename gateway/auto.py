@@ -44,9 +44,8 @@ MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its 
 MEASURED_ENOUGH_DRAWS = 32  # ... and, for a drafting layout, this many request-steps (a step of a
                             # request gives 1 to k + 1 tokens by chance: at k = 2 and acceptance
                             # 0.7, 2.2 on average with a spread of 0.9. Where a step takes 140 ms,
-                            # one request's 0.3 s held two of them, its sd read 14-18 tok/s from
-                            # plan to plan against plain decoding's steady 16-17, and auto left sd,
-                            # 7% ahead, within seconds of each of its three tries)
+                            # one request's 0.3 s holds two of them, whose tokens alone could read
+                            # anywhere from half to 1.4 times its rate)
 SLOWDOWN_PULL = (0.005, 0.05)  # s: the decoding and prefill slowdowns are pulled towards 1 as if
                             # by this much on time (a single prompt's prefill in a spell must not
                             # read as prefill's price)
