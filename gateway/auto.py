@@ -451,15 +451,15 @@ class AutoPlanner:
                 while spells and spells[0].ended < since:
                     spells.popleft()
         best_slowdown = self.slowdown(best.layout)
+        # The best is tried only to measure it, while the settled layout may keep it out on the
+        # margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms steps sd
+        # was predicted 7% ahead of plain decoding and not run for 12 s, its prediction never put
+        # to the test. Not while fewer requests run than the settled layout was chosen for (a
+        # wave's first or last request keeps it untried), nor at another load; the plain
+        # decoding a server starts with was chosen for none.
+        at_its_load = self._settled_for == 0 or self._settled_for <= running <= 2 * self._settled_for
         for layout, rate in best.considered.items():
             unmeasured = not self._enough(layout, self._recent(layout))
-            # The best is tried only to measure it, while the settled layout may keep it out on
-            # the margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms
-            # steps sd was predicted 7% ahead of plain decoding and not run for 12 s, its
-            # prediction never put to the test. Not while fewer requests run than the settled
-            # layout was chosen for (a wave's first or last request keeps it untried), nor at
-            # another load; the plain decoding a server starts with was chosen for none.
-            at_its_load = self._settled_for == 0 or self._settled_for <= running <= 2 * self._settled_for
             if layout == best.layout and (layout == self._settled or not unmeasured or not at_its_load):
                 continue
             # A trial needs a chance of winning: the layout's rate were it to run no slower

@@ -129,6 +129,12 @@ class LinearFit:
         return tuple(rhs[i] / a[i][i] for i in range(d))
 
 
+def _lending_pays(judged: float | None) -> bool:
+    """Whether plain decoding borrows the lent cores under this judgement (see
+    StepCosts.lending_judged): unless it says they are slower."""
+    return judged is None or judged <= 1.0
+
+
 @dataclass(frozen=True)
 class StepCosts:
     """A fitted model's answers, in seconds; what the planner needs and nothing else."""
@@ -175,7 +181,7 @@ class StepCosts:
         in plain decoding it is extrapolated from drafting steps (k > 0), and a trial of psd
         that reshaped it once read lending as slower and ran the rest of a run on one core
         (busy 8.3 ms a step against 6.6 lent)."""
-        return self.lending_judged is None or self.lending_judged <= 1.0
+        return _lending_pays(self.lending_judged)
 
     def plain_verify(self, ks: list[int], new_tokens: int = 0) -> float:
         """A plain-decoding step where it runs: on the lent cores if they pay, else the own."""
@@ -419,10 +425,10 @@ class CostModel:
         verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
-        judged = None if slower_lapsed else self._lending_judged
+        judged = self._standing_judgement(slower_lapsed)
         if ratios is not None:
             lent_ratio, prefill_ratio = ratios
-            if judged is None or judged <= 1.0:
+            if _lending_pays(judged):
                 lent_ratio, prefill_ratio = min(1.0, lent_ratio), min(1.0, prefill_ratio)
             borrowed = (lent_ratio * verify_fixed, lent_ratio * verify_per_token, prefill_ratio * verify_new,
                         lent_ratio * verify_request)
@@ -440,7 +446,11 @@ class CostModel:
         """StepCosts.lending_pays of the current costs, without fitting them: the Batch Manager
         asks before every plain step, and a fit after each call took 2% of the gateway's CPU at
         C = 64."""
-        return self._slower_lapsed() or not self._judged_slower()
+        return _lending_pays(self._standing_judgement(self._slower_lapsed()))
+
+    def _standing_judgement(self, slower_lapsed: bool) -> float | None:
+        """The lending judgement the costs carry: none once one that said slower has lapsed."""
+        return None if slower_lapsed else self._lending_judged
 
     def _slower_lapsed(self) -> bool:
         """Whether the latest judgement said lending slows plain decoding, and was made over
