@@ -69,6 +69,10 @@ class DrafterServicer(engine_pb2_grpc.DrafterServicer):
         for diff in request.updates:
             self.drafter.append_tokens(diff.request_id, list(diff.new_token_ids))
         start = time.perf_counter()
+        if request.catch_up:
+            self.drafter.catch_up([item.request_id for item in request.items])
+            return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=time.perf_counter() - start,
+                                                sent_bytes=self.sender.last_bytes)
         items = [(item.request_id, item.num_draft) for item in request.items]
         output = self.drafter.draft(items)
         busy_s = time.perf_counter() - start
@@ -113,3 +117,6 @@ def check_draft_step(request: engine_pb2.DraftStepRequest, drafter: Drafter) -> 
         drafter.check_tokens(list(diff.new_token_ids), f"updates: request {diff.request_id!r}")
     for item in request.items:
         check.require(item.request_id, "items")
+        if request.catch_up and item.num_draft:
+            raise ValueError(f"items: request {item.request_id!r} asks for {item.num_draft} drafts in a "
+                             f"catch_up step, which drafts nothing")

@@ -170,7 +170,7 @@ class AutoPlanner:
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
-        self._steps = 0
+        self._steps = 0                 # verify steps come back (plain ones on the way to drafting not counted)
         # The layout being tried: (layout, since, whether it is its first measurement rather
         # than a re-check).
         self._exploring: tuple[str, float, bool] | None = None
@@ -204,7 +204,8 @@ class AutoPlanner:
         """A verify step in `layout` came back ("" while the batches are still moving to the
         plan's layout): the tokens it gave its requests (accepted drafts and the target's
         own), the prompt tokens it prefilled and the requests it verified."""
-        self._steps += 1
+        if layout != "ar" or self.plan.layout == "ar":     # (not plain steps on the way to drafting)
+            self._steps += 1
         if layout == self.plan.layout and self._settling:
             self._settling -= 1
         if self._spell is not None:
@@ -364,15 +365,15 @@ class AutoPlanner:
             slowdowns = {layout: self._slowdowns(layout) for layout in LAYOUTS}
             slowdown = {layout: s[0] for layout, s in slowdowns.items()}
             prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
-            switch_s = self._switch_s(requests)
-            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, switch_s=switch_s,
-                               horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
+            switch_s, meanwhile = self._switch_s(requests)
+            switching = dict(switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, meanwhile_tokens_per_s=meanwhile)
+            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, prefill_slowdown=prefill_slowdown,
+                               **switching)
             if self._held_back(best.layout, len(requests), now):
                 others = tuple(layout for layout in best.considered
                                if not self._held_back(layout, len(requests), now))
                 best = replace(choose_plan(self.costs(), wanted, k_cap, layouts=others, slowdown=slowdown,
-                                           switch_s=switch_s, horizon_s=SWITCH_HORIZON_S,
-                                           prefill_slowdown=prefill_slowdown), considered=best.considered)
+                                           prefill_slowdown=prefill_slowdown, **switching), considered=best.considered)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
             trying = None if moved else self._layout_to_try(best, len(requests))
             if len(requests) >= self._settled_for:
@@ -395,7 +396,7 @@ class AutoPlanner:
             plan = best
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
-                                   switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, prefill_slowdown=prefill_slowdown)
+                                   prefill_slowdown=prefill_slowdown, **switching)
                 plan = replace(plan, considered=best.considered)
             self.history.append(generation_pb2.PlanDecision(
                 at_s=time.perf_counter() - self.clock_origin, layout=plan.layout, trying=trying or "",
@@ -426,15 +427,21 @@ class AutoPlanner:
         return (left is not None and layout != self._settled and now - left[0] < HELD_BACK_S
                 and _same_load(running, left[1]) and self._last_measured(layout) <= left[0])
 
-    def _switch_s(self, requests: list[ActiveRequest]) -> dict[str, float]:
+    def _switch_s(self, requests: list[ActiveRequest]) -> tuple[dict[str, float], float]:
         """What moving from plain decoding to a drafting layout costs once: the drafter
         catches up with every token verified since it last drafted (all of a request it never
-        drafted for), at its measured price per catch-up token."""
+        drafted for), at its measured price per catch-up token; -> (that time per layout, the
+        tokens per second plain decoding delivers on the verifier's own cores meanwhile, where
+        the catch-up runs beside it: StepCosts.catch_up_pays)."""
         if self.plan.layout != "ar":
-            return {}
+            return {}, 0.0
+        costs = self.costs()
         tokens = sum(r.drafter_catch_up for r in requests if r.max_draft != 0)
-        catch_up = self.costs().draft_per_new_token * tokens
-        return {"sd": catch_up, "psd": catch_up}
+        catch_up = costs.draft_per_new_token * tokens
+        meanwhile = 0.0
+        if requests and costs.catch_up_pays(tokens, len(requests)):
+            meanwhile = len(requests) / costs.verify([0] * len(requests))
+        return {"sd": catch_up, "psd": catch_up}, meanwhile
 
     def _layout_to_try(self, best: Plan, running: int) -> str | None:
         """A contender not measured lately (or the one being tried, until it has been)."""

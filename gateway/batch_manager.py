@@ -80,6 +80,7 @@ class BatchManager:
         self.unavailable: str | None = None     # why new requests are refused (None: they are not)
         self.batches = [Batch(0), Batch(1)] if config.mode in ("psd", "auto") else [Batch(0)]
         self._drafting = 0                      # draft calls in flight (the drafter's cores are busy)
+        self._catching_up = 0                   # ... of which catch-ups (see _catch_up)
         self._lend_trial_left = 0               # plain steps still to borrow in a re-check of lending ...
         self._own_left = 0                      # ... or to run on the own cores in one of lending that pays
         self._lent_decoding_s = 0.0             # plain decoding on the lent cores since the last own-core window
@@ -145,7 +146,9 @@ class BatchManager:
         if self.auto:
             if sum(len(b.requests) for b in self.batches) >= self.config.max_batch:
                 return None
-            open_batches = self.batches if self.layout == "psd" else self.batches[:1]
+            # (Not while the drafters catch up: the second batch's first step would hold the
+            # verifier, waiting on its drafts, until they have.)
+            open_batches = self.batches if self.layout == "psd" and not self._catching_up else self.batches[:1]
         else:
             open_batches = [b for b in self.batches if len(b.requests) < self.config.max_batch]
         return min(open_batches, key=lambda b: len(b.requests)) if open_batches else None
@@ -320,31 +323,107 @@ class BatchManager:
         that finishes at step n had one more token computed at step n + 1; it is dropped.
         gRPC does not order the answers of concurrent calls: step n + 1's may come back
         first, and is applied only after step n's (a bench run once streamed two tokens
-        swapped)."""
-        in_flight: deque[asyncio.Future] = deque()
+        swapped).
+        When the plan moves on to a drafting layout, the drafters first take in what was
+        verified without them (see _catch_up) while plain decoding goes on, on the
+        verifier's own cores; the batch is handed back to the pipeline once they have."""
+        in_flight: deque[tuple[asyncio.Future, bool]] = deque()     # (step, whether it borrowed)
         previous = 0
+        catching_up: asyncio.Future | None = None
+        caught_up_from = 0              # the tokens the latest catch-up took in (0: none since plain decoding)
         while True:
             live = batch.to_draft()
-            if live and len(in_flight) < 2 and self.layout == "ar":
+            if catching_up is not None and catching_up.done():
+                catching_up = None
+            if self.layout == "ar":
+                caught_up_from = 0
+            # On the way to drafting: plain steps go on (on the own cores) until the drafters
+            # have caught up, and the catch-up starts once no step is on the drafter's cores.
+            # What was verified meanwhile is caught up again while that pays and is at most
+            # half as much (else the first drafting step takes it in).
+            switching = catching_up is not None
+            if not switching and self.layout != "ar" and live:
+                tokens = self._catch_up_tokens(live)
+                switching = self._catch_up_pays(tokens, len(live)) and (not caught_up_from or 2 * tokens <= caught_up_from)
+                if switching and not any(lent for _, lent in in_flight):
+                    catching_up, caught_up_from = self._catch_up(live), tokens
+            if live and len(in_flight) < 2 and (self.layout == "ar" or switching):
                 step_id = self.calls.next_step_id()
                 items = [DraftedItem(r, 0) for r in live]
                 # Nothing drafts now (the other batch is empty in this layout): the verifier
                 # may compute on the drafter's cores too.
-                borrow = (self.auto and not self._drafting and not any(b.requests for b in self.batches[1:])
+                borrow = (self.auto and self.layout == "ar" and not self._drafting
+                          and not any(b.requests for b in self.batches[1:])
                           and self._lend(prefills=any(not r.known_to_verifier for r in live)))
-                in_flight.append(asyncio.ensure_future(
+                in_flight.append((asyncio.ensure_future(
                     self._verify_items(step_id, items, [], previous, borrow_cpus=borrow,
-                                       apply_after=in_flight[-1] if in_flight else None)))
+                                       apply_after=in_flight[-1][0] if in_flight else None, plain=True)), borrow))
                 previous = step_id
                 continue
             if not in_flight:
                 return                              # the layout changed: back to the pipeline
             try:
-                await in_flight.popleft()
+                await in_flight.popleft()[0]
             except Exception as err:                # noqa: BLE001
                 self._fail_batch(batch, err)
             self._kick()
             self._maybe_replan()
+
+    def _catch_up_tokens(self, live: list[ActiveRequest]) -> int:
+        """The tokens the drafters have yet to take in before these requests draft. Requests
+        without a drafter are placed first, as their first drafting step would; those with
+        none to go to, or with speculation off, are left out."""
+        tokens = 0
+        for req in live:
+            if req.max_draft != 0 and req.drafter is None:
+                self.admission.place(req)
+            if req.max_draft != 0 and req.drafter is not None:
+                tokens += req.drafter_catch_up
+        return tokens
+
+    def _catch_up_pays(self, tokens: int, batch: int) -> bool:
+        """StepCosts.catch_up_pays; in tests that cycle the layouts, whenever there is more
+        than a token a request to catch up."""
+        if self.config.auto_cycle_steps:
+            return tokens > batch
+        return self.planner.costs().catch_up_pays(tokens, batch)
+
+    def _catch_up(self, live: list[ActiveRequest]) -> asyncio.Future:
+        """Each drafter takes in what was verified for its requests since it last drafted,
+        on a call of its own that drafts nothing, while the verifier goes on decoding on its
+        own cores: the switch to drafting costs a few plain steps on them, not the verifier
+        idle for the whole catch-up. A drafter that fails is handled as in a failed draft
+        call: its requests draft elsewhere, or catch up in their first drafting step."""
+        by_drafter: dict[DrafterHandle, list[ActiveRequest]] = {}
+        for req in live:
+            if req.max_draft != 0 and req.drafter is not None:     # (placed by _catch_up_tokens)
+                by_drafter.setdefault(req.drafter, []).append(req)
+        layout = self.layout
+
+        async def one(drafter: DrafterHandle, requests: list[ActiveRequest]) -> None:
+            try:
+                await self.calls.catch_up(self.calls.next_step_id(), drafter, requests, layout)
+            except Exception as err:            # noqa: BLE001 - as a failed draft call
+                code, message = call_status(err)
+                logger.warning("drafter %s did not catch up (%s: %s)", drafter.address, code.name, message)
+                self._drafter_failed(drafter, requests, err)
+
+        def done(task: asyncio.Future) -> None:
+            self._drafting -= 1
+            self._catching_up -= 1
+            if not task.cancelled() and task.exception() is not None:      # (a bug of ours: said)
+                logger.error("the drafters' catch-up failed", exc_info=task.exception())
+            self._kick()
+
+        # Counted from now, not from when the task first runs: no step borrows the drafter's
+        # cores meanwhile.
+        self._drafting += 1
+        self._catching_up += 1
+        task = asyncio.ensure_future(asyncio.gather(*(one(drafter, requests) for drafter, requests in by_drafter.items())))
+        task.add_done_callback(done)
+        self._background.add(task)
+        self._background = {t for t in self._background if not t.done()}
+        return task
 
     def _lend(self, prefills: bool = False) -> bool:
         """Whether this plain step borrows the drafter's cores: while that was measured to pay
@@ -403,9 +482,11 @@ class BatchManager:
 
     async def _verify_items(self, step_id: int, items: list[DraftedItem], sources: list[engine_pb2.DraftSource],
                             after_step_id: int = 0, borrow_cpus: bool = False, drafting_s: float = 0.0,
-                            caught_up: bool = True, apply_after: asyncio.Future | None = None) -> None:
-        """apply_after: the step this one was queued behind, whose tokens come first."""
-        layout = self._step_layout()
+                            caught_up: bool = True, apply_after: asyncio.Future | None = None,
+                            plain: bool = False) -> None:
+        """apply_after: the step this one was queued behind, whose tokens come first; plain:
+        a plain decoding step (one while the drafters catch up too, whatever the plan)."""
+        layout = "ar" if plain else self._step_layout()
         response, prompt_tokens = await self.calls.verify(step_id, items, sources, after_step_id, layout, borrow_cpus,
                                                           drafting_s=drafting_s)
         if apply_after is not None and not apply_after.done():

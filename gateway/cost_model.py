@@ -213,6 +213,18 @@ class StepCosts:
         return (self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
                 + self.draft_per_new_token * new_tokens)
 
+    def catch_up(self, tokens: int) -> float:
+        """A drafter call that only takes in `tokens` verified tokens (drafts nothing)."""
+        return self.draft_fixed + self.draft_per_new_token * tokens if tokens else 0.0
+
+    def catch_up_pays(self, tokens: int, batch: int) -> bool:
+        """Whether the drafters' catch-up of `tokens` after plain decoding runs on a call of
+        its own beside plain steps of the batch on the verifier's own cores, rather than in
+        the first drafting step: when it takes longer than one such step (BatchManager._decode;
+        at C = 64 on the reference machine a first drafting step after plain decoding took
+        0.6 s, the verifier waiting on its drafts, against 0.03 s a plain step)."""
+        return self.catch_up(tokens) > self.verify([0] * batch)
+
     def verify(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
         """new_tokens: prompt tokens of requests new to the verifier, prefilled in the same forward."""
         if not ks:
@@ -235,9 +247,11 @@ class CostModel:
 
     def __init__(self, prior: StepCosts | None = None) -> None:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
+        # A prompt token is guessed at a drafted or verified one's price unless the prior says.
         self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed,
-                                 prior.draft_per_token))
-        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token, prior.verify_per_token, 0.0))
+                                 prior.draft_per_new_token or prior.draft_per_token))
+        self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token,
+                                  prior.verify_per_new_token or prior.verify_per_token, prior.verify_per_request))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
         # Plain decode calls (k = 0, no prompts) on each side: (when, batch, busy).
@@ -319,6 +333,13 @@ class CostModel:
             self._track(self.costs().draft(ks, new_tokens) if predicted is None else predicted, busy_s)
             self._changes += 1
             self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
+
+    def observe_catch_up(self, tokens: int, busy_s: float, predicted: float) -> None:
+        """A drafter call that only took in `tokens` verified tokens: a draft of k = 0."""
+        if tokens and self._reported("the drafter's busy_s", busy_s):
+            self._track(predicted, busy_s)
+            self._changes += 1
+            self._draft.observe((0.0, 0.0, 1.0, float(tokens)), busy_s)
 
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False,
                        predicted: float | None = None) -> None:

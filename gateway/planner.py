@@ -34,8 +34,9 @@ the verifier then the drafter, psd on both at once): serving rate = 1 / (1 / rat
 Each rate is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it
 really took over what the model predicted for what it delivered, decoding and prefill
 apart), so a layout that runs worse than its arithmetic says stops being chosen, and scaled by
-horizon / (horizon + a one-off cost of moving to it): the drafter's catch-up after plain
-decoding.
+spread over a horizon with the one-off time of moving to it: the drafter's catch-up after
+plain decoding, during which plain decoding goes on on the verifier's own cores where the
+catch-up is long enough to run beside it (StepCosts.catch_up_pays).
 
 Draft lengths: a request drafts position j when the chance that position is reached and
 accepted is at least a threshold; the threshold and a cap on the longest draft are searched
@@ -84,12 +85,14 @@ class Plan:
 def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
                 layouts: tuple[str, ...] = LAYOUTS, slowdown: Mapping[str, float] | None = None,
                 switch_s: Mapping[str, float] | None = None, horizon_s: float = 5.0,
-                prefill_slowdown: Mapping[str, float] | None = None) -> Plan:
+                prefill_slowdown: Mapping[str, float] | None = None,
+                meanwhile_tokens_per_s: float = 0.0) -> Plan:
     """The plan with the most expected tokens per second; ties go to the simpler layout.
     slowdown, prefill_slowdown: per layout, measured time over predicted, of decoding and of
     prefill (1 where not measured);
-    switch_s: per layout, a one-off cost of moving to it (the drafter catching up with the
-    tokens verified while nothing drafted), spread over horizon_s.
+    switch_s: per layout, a one-off time of moving to it (the drafter catching up with the
+    tokens verified while nothing drafted), spread over horizon_s, during which plain
+    decoding goes on at meanwhile_tokens_per_s (0: the verifier waits for the catch-up).
     Each candidate is scored from sums alone; only the winner becomes a Plan (the gateway
     plans several times a second, on the cores the services compute on: for 64 requests on
     the reference machine 0.4 ms when they share one reach, 0.9 ms when each has its own)."""
@@ -118,7 +121,8 @@ def choose_plan(costs: StepCosts, requests: list[PlanRequest], k_max: int,
                 continue
             decode = emitted / step
             rate = costs.serving_rate(layout, decode / slowdown.get(layout, 1.0), prefill_slowdown.get(layout, 1.0))
-            rate *= horizon_s / (horizon_s + switch_s.get(layout, 0.0))
+            switching = switch_s.get(layout, 0.0)
+            rate = (rate * horizon_s + min(rate, meanwhile_tokens_per_s) * switching) / (horizon_s + switching)
             considered[layout] = max(rate, considered.get(layout, -1.0))
             if best is None or rate > best[0] * (1 + 1e-9):
                 best = (rate, layout, threshold, cap, kind_ks, step, decode)

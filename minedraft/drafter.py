@@ -31,6 +31,13 @@ class Drafter(RequestTable):
         state.token_ids.extend(new_token_ids)
         self.runner.reconcile(request_id, state.token_ids)
 
+    def catch_up(self, request_ids: list[str]) -> None:
+        """Take these requests' verified tokens not yet cached into the draft KV, drafting
+        nothing: one ragged forward, its logits unused. The next draft's first forward then
+        carries one token a request instead of everything verified since it last drafted."""
+        if request_ids:
+            self.runner.forward([ForwardChunk(rid, self.uncached_tokens(rid)) for rid in request_ids])
+
     def draft(self, requests: list[tuple[str, int]]) -> DraftOutput:
         """requests: (request_id, k_i) -> k_i draft tokens each (k_i may be 0)."""
         states = [self._requests[rid] for rid, _ in requests]

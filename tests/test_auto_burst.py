@@ -3,8 +3,9 @@ is in force is split between the two batches at the first step boundary where th
 becomes psd, before either batch steps, so its prompts are prefilled as two overlapped
 halves rather than as one batch. After plain decoding, the steps in which the drafter
 catches up do not count towards the switch settling (they would be measured as the new
-layout's speed). In-process, with the fake services of test_early_verify and choosers
-fixed by the test."""
+layout's speed). On the way from plain decoding to drafting the drafter catches up on a
+call of its own while plain steps go on. In-process, with the fake services of
+test_early_verify and choosers fixed by the test."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from test_early_verify import TOKEN, DataPlane, FakeDrafter, WaitingVerifier
 import gateway.auto
 import gateway.batch_manager
 from gateway.batch_manager import BatchManager, BatchManagerConfig
+from gateway.cost_model import CostModel, StepCosts
 from gateway.planner import Plan
 from gateway.pool import DrafterHandle, DrafterPool
 from minedraft.v1 import engine_pb2
@@ -139,5 +141,115 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         # The first drafted step took in every token so far: it does not count; the next do.
         assert observed[first_sd - 1] == "" and observed[first_sd:first_sd + 3] == ["sd"] * 3
         assert len(drafted) >= 4 and all(item.num_draft == 2 for item in drafted[1].items)
+
+    asyncio.run(scenario())
+
+
+def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
+    """Plain decoding until `after_steps` plain steps came back, then sd; -> the manager's
+    observe_step wrapper to install (it records each step's layout in `observed`)."""
+    plan = {"layout": "ar"}
+
+    def fixed(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
+        layout = plan["layout"]
+        ids = [r.request_id for r in requests]
+        return Plan(layout, {i: 0 if layout == "ar" else k_max for i in ids}, (tuple(ids),), 0.01, 100.0,
+                    {layout: 100.0}, threshold=0.0, cap=0 if layout == "ar" else k_max)
+
+    _plan_with(monkeypatch, fixed)
+
+    def wrap(observe):
+        def recording(layout, tokens, prompt_tokens, batch=None):
+            observed.append(layout)
+            observe(layout, tokens, prompt_tokens, batch)
+            if observed.count("ar") == after_steps:
+                plan["layout"] = "sd"
+        return recording
+    return wrap
+
+
+class PacedVerifier(WaitingVerifier):
+    """Takes 10 ms a step, so that steps can run beside a drafter's call."""
+
+    async def Step(self, request, timeout=None):
+        await asyncio.sleep(0.01)
+        return await super().Step(request, timeout)
+
+
+async def _serve_two(drafter: FakeDrafter, plane: DataPlane, wrap, max_tokens: int = 40):
+    verifier = PacedVerifier(plane)
+    pool = DrafterPool(engine_pb2.EngineInfo(data_plane="gloo"))
+    pool.drafters["d:1"] = DrafterHandle("d:1", "d", "m", 1000, ClosableChannel(), drafter)
+    config = BatchManagerConfig(mode="auto", k=2, max_batch=8, kv_blocks=1000, block_size=16, step_timeout_s=5.0)
+    manager = BatchManager(config, verifier, pool)
+    manager.planner.replan_interval_s = 0.0
+    manager.planner.observe_step = wrap(manager.planner.observe_step)
+    # The drafter takes a prompt token in at 10 ms (its fake calls report no such price):
+    # catching up takes longer than a plain step.
+    manager.planner.model = manager.calls.model = CostModel(StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4,
+                                                                      draft_per_new_token=1e-2))
+    runner = asyncio.ensure_future(manager.run())
+    requests = [active_request("a", max_tokens), active_request("b", max_tokens)]
+    for req in requests:
+        manager.submit(req)
+    try:
+        outputs = [await streamed_tokens(req) for req in requests]
+    finally:
+        runner.cancel()
+    return verifier, outputs
+
+
+def test_the_drafter_catches_up_beside_plain_steps_before_drafting_resumes(monkeypatch):
+    observed: list[str] = []
+    wrap = _ar_then_sd(monkeypatch, 6, observed)
+
+    async def scenario() -> None:
+        plane = DataPlane()
+        drafter = FakeDrafter(plane, "d")
+        drafter.catch_up_s = 0.05                       # long enough for a few plain steps
+        verifier, outputs = await _serve_two(drafter, plane, wrap)
+        assert outputs == [[TOKEN] * 40] * 2            # every token once
+        # A catch-up call, drafting nothing, with each request's every token so far (six
+        # plain steps or more: those in flight at the switch came back first); then another
+        # with what was verified meanwhile, no more than half as many.
+        catch_up = drafter.catch_ups[0]
+        sizes = [sum(len(new.token_ids) for new in c.new_requests) + sum(len(diff.new_token_ids) for diff in c.updates)
+                 for c in drafter.catch_ups]
+        assert all(2 * later <= earlier for earlier, later in zip(sizes, sizes[1:])), sizes
+        assert [item.num_draft for item in catch_up.items] == [0, 0]
+        assert [r.request_id for r in catch_up.new_requests] == ["a", "b"]
+        for new in catch_up.new_requests:
+            assert list(new.token_ids) == [1, 2, 3] + [TOKEN] * (len(new.token_ids) - 3) and len(new.token_ids) >= 9
+        # Plain steps went on meanwhile, on the verifier's own cores ...
+        sent, done = plane.log.index(("catch-up sent", catch_up.step_id)), plane.log.index(("caught up", catch_up.step_id))
+        during = {step for what, step in plane.log[sent:done] if what == "verify sent"}
+        beside = [step for step in verifier.steps if step.step_id in during]
+        assert len(beside) >= 2 and all(not step.sources and not step.borrow_cpus for step in beside)
+        # ... and the first drafting step carried only what was verified beside the last.
+        first = drafter.drafts[0]
+        assert not first.new_requests and first.step_id > drafter.catch_ups[-1].step_id
+        assert all(len(diff.new_token_ids) <= len(beside) + 2 for diff in first.updates)
+        assert {item.num_draft for item in first.items} == {2}
+        # Those plain steps are not the new layout's: they do not settle the switch.
+        assert "sd" in observed and observed.index("sd") > observed.index("ar") + 6
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_catch_up_loses_nothing_and_drafting_resumes(monkeypatch):
+    observed: list[str] = []
+    wrap = _ar_then_sd(monkeypatch, 4, observed)
+
+    async def scenario() -> None:
+        plane = DataPlane()
+        drafter = FakeDrafter(plane, "d")
+        drafter.failing_catch_ups = 1
+        verifier, outputs = await _serve_two(drafter, plane, wrap)
+        assert outputs == [[TOKEN] * 40] * 2
+        # Re-homed, the requests had all their tokens to catch up again, not half as many:
+        # the first drafting step took them in (afresh, as new requests).
+        assert len(drafter.catch_ups) == 1
+        assert {r.request_id for r in drafter.drafts[0].new_requests} == {"a", "b"}
+        assert any(step.sources for step in verifier.steps)
 
     asyncio.run(scenario())

@@ -65,6 +65,12 @@ def test_greedy_output_equals_reference_while_the_layout_switches(switching, pro
     drafted = Counter(k for s in steps if s["kind"] == "verify" for k in s["draft_lengths"])
     assert len(drafted) >= 3, drafted               # per-request draft lengths really vary
     assert sum(r.stats.num_accepted for r in responses) > 0
+    # On the way from plain decoding to drafting the drafter caught up on calls of its own
+    # (drafting nothing) while plain steps went on.
+    catch_ups = [s for s in steps if s["kind"] == "draft" and not any(s["draft_lengths"])]
+    assert catch_ups and all(s["draft_busy_s"] > 0 for s in catch_ups)
+    assert any(v["kind"] == "verify" and not any(v["draft_lengths"])
+               and c["start_s"] < v["start_s"] < c["start_s"] + c["wall_s"] for c in catch_ups for v in steps)
     assert_idle(switching)
 
 

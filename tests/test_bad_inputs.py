@@ -195,6 +195,22 @@ def test_internal_duplicate_prefill_and_foreign_tokens_change_nothing(cluster):
     assert_idle(cluster)                       # neither refused step left anything behind
 
 
+def test_internal_catch_up_that_asks_for_drafts_is_refused_naming_items(cluster):
+    drafter = _drafter(cluster)
+    refused = _refused(lambda: drafter.Step(engine_pb2.DraftStepRequest(
+        step_id=next(STEP_ID), new_requests=[_new("c")], catch_up=True,
+        items=[engine_pb2.DraftItem(request_id="c", num_draft=2)]), timeout=10))
+    assert refused.code() == INVALID and "items" in refused.details() and "catch_up" in refused.details()
+    assert_idle(cluster)                       # the new request was not taken in
+    # A catch-up as the gateway sends it takes the tokens in and answers with its busy time.
+    answer = drafter.Step(engine_pb2.DraftStepRequest(
+        step_id=next(STEP_ID), new_requests=[_new("c")], catch_up=True,
+        items=[engine_pb2.DraftItem(request_id="c")]), timeout=10)
+    assert answer.busy_s > 0
+    drafter.Step(engine_pb2.DraftStepRequest(step_id=next(STEP_ID), finished=["c"]), timeout=10)
+    assert_idle(cluster)
+
+
 def test_pairing_cannot_be_taken_over(cluster):
     drafter_id = _drafter(cluster).GetInfo(engine_pb2.EngineInfoRequest(), timeout=10).drafter_id
     verifier = _verifier(cluster)

@@ -79,10 +79,23 @@ class FakeDrafter:
                  code: grpc.StatusCode = grpc.StatusCode.NOT_FOUND) -> None:
         self.plane, self.drafter_id, self.failing, self.code = plane, drafter_id, failing, code
         self.calls = 0
+        self.catch_ups: list[engine_pb2.DraftStepRequest] = []     # calls that only take tokens in ...
+        self.catch_up_s, self.failing_catch_ups = 0.02, 0           # ... how long they take, how many fail
+        self.drafts: list[engine_pb2.DraftStepRequest] = []        # calls that draft
 
     async def Step(self, request, timeout=None):
         if not request.items:                   # a free, no drafting
             return engine_pb2.DraftStepResponse(step_id=request.step_id)
+        if request.catch_up:                    # takes tokens in, sends nothing
+            self.catch_ups.append(request)
+            self.plane.log.append(("catch-up sent", request.step_id))
+            await asyncio.sleep(self.catch_up_s)
+            if len(self.catch_ups) <= self.failing_catch_ups:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                           f"catch-up {len(self.catch_ups)} failed")
+            self.plane.log.append(("caught up", request.step_id))
+            return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=self.catch_up_s)
+        self.drafts.append(request)
         self.calls += 1
         await asyncio.sleep(0.02)
         if self.calls in self.failing:

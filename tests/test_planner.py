@@ -1261,6 +1261,16 @@ def test_a_drafter_far_behind_makes_drafting_pay_its_catch_up_first():
     behind = choose_plan(costs, requests, K_MAX, switch_s={"sd": 5.0, "psd": 5.0}, horizon_s=5.0)
     assert behind.layout == "ar"
     assert behind.considered["psd"] == pytest.approx(free.tokens_per_s / 2)
+    # Plain decoding going on meanwhile (on the own cores) earns its tokens during the
+    # catch-up: half the horizon at each rate; never more than the layout's own.
+    plain = free.considered["ar"]
+    beside = choose_plan(costs, requests, K_MAX, switch_s={"sd": 5.0, "psd": 5.0}, horizon_s=5.0,
+                         meanwhile_tokens_per_s=plain / 2)
+    assert beside.considered["psd"] == pytest.approx((free.tokens_per_s + plain / 2) / 2)
+    assert beside.considered["ar"] == pytest.approx(plain)
+    faster = choose_plan(costs, requests, K_MAX, switch_s={"sd": 5.0, "psd": 5.0}, horizon_s=5.0,
+                         meanwhile_tokens_per_s=10 * free.tokens_per_s)
+    assert faster.considered["psd"] == pytest.approx(free.tokens_per_s)
 
 
 def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
@@ -1269,11 +1279,18 @@ def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
     planner = AutoPlanner(K_MAX)
     per_token = planner.costs().draft_per_new_token
     fresh, behind, off = _active(0), _active(1), _active(2, max_draft=0)    # 3 prompt tokens each
-    behind.known_to_drafter, behind.pending_diff = True, [7] * 40
-    cost = planner._switch_s([fresh, behind, off])
-    assert per_token > 0 and cost["psd"] == cost["sd"] == pytest.approx(per_token * (3 + 40))
+    behind.known_to_drafter, behind.pending_diff = True, [7] * 100
+    cost, meanwhile = planner._switch_s([fresh, behind, off])
+    assert per_token > 0 and cost["psd"] == cost["sd"] == pytest.approx(per_token * (3 + 100))
+    # The prior's catch-up of 103 tokens outlasts a plain step of the three: plain decoding
+    # goes on meanwhile, on the own cores.
+    costs = planner.costs()
+    assert costs.catch_up(103) > costs.verify([0] * 3)
+    assert meanwhile == pytest.approx(3 / costs.verify([0] * 3))
+    behind.pending_diff = []
+    assert planner._switch_s([behind])[1] == 0.0        # nothing to catch up: no plain step meanwhile
     planner.plan = choose_plan(planner.costs(), _requests(8, 0.95), K_MAX, layouts=("psd",))
-    assert planner._switch_s([fresh, behind, off]) == {}
+    assert planner._switch_s([fresh, behind, off]) == ({}, 0.0)
 
 
 def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock, no_first_trial_of_sd):

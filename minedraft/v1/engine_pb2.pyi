@@ -36,7 +36,7 @@ class DraftItem(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_draft: _Optional[int] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
-    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset", "dismiss")
+    __slots__ = ("step_id", "new_requests", "updates", "finished", "items", "reset", "dismiss", "catch_up")
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class DraftStepRequest(_message.Message):
     ITEMS_FIELD_NUMBER: _ClassVar[int]
     RESET_FIELD_NUMBER: _ClassVar[int]
     DISMISS_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     new_requests: _containers.RepeatedCompositeFieldContainer[NewRequest]
     updates: _containers.RepeatedCompositeFieldContainer[TokenDiff]
@@ -51,7 +52,8 @@ class DraftStepRequest(_message.Message):
     items: _containers.RepeatedCompositeFieldContainer[DraftItem]
     reset: bool
     dismiss: bool
-    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ...) -> None: ...
+    catch_up: bool
+    def __init__(self, step_id: _Optional[int] = ..., new_requests: _Optional[_Iterable[_Union[NewRequest, _Mapping]]] = ..., updates: _Optional[_Iterable[_Union[TokenDiff, _Mapping]]] = ..., finished: _Optional[_Iterable[str]] = ..., items: _Optional[_Iterable[_Union[DraftItem, _Mapping]]] = ..., reset: _Optional[bool] = ..., dismiss: _Optional[bool] = ..., catch_up: _Optional[bool] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
     __slots__ = ("step_id", "busy_s", "sent_bytes")
