@@ -169,11 +169,19 @@ def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
 
 
 class PacedVerifier(WaitingVerifier):
-    """Takes 10 ms a step, so that steps can run beside a drafter's call."""
+    """Takes 10 ms a step, one step at a time as the real one does, so that steps can run
+    beside a drafter's call."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        super().__init__(plane)
+        self.computing = asyncio.Lock()
 
     async def Step(self, request, timeout=None):
-        await asyncio.sleep(0.01)
-        return await super().Step(request, timeout)
+        async with self.computing:
+            await asyncio.sleep(0.01)
+            response = await super().Step(request, timeout)
+        self.plane.log.append(("verified", request.step_id))
+        return response
 
 
 async def _serve_two(drafter: FakeDrafter, plane: DataPlane, wrap, max_tokens: int = 40):
@@ -225,6 +233,9 @@ def test_the_drafter_catches_up_beside_plain_steps_before_drafting_resumes(monke
         during = {step for what, step in plane.log[sent:done] if what == "verify sent"}
         beside = [step for step in verifier.steps if step.step_id in during]
         assert len(beside) >= 2 and all(not step.sources and not step.borrow_cpus for step in beside)
+        # It started once the steps on the drafter's cores were back.
+        lent = [step.step_id for step in verifier.steps if step.borrow_cpus]
+        assert lent and all(plane.log.index(("verified", step)) < sent for step in lent)
         # ... and the first drafting step carried only what was verified beside the last.
         first = drafter.drafts[0]
         assert not first.new_requests and first.step_id > drafter.catch_ups[-1].step_id

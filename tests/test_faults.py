@@ -158,8 +158,9 @@ def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_a_frozen_drafter_holds_streams_for_seconds_not_the_start_up_deadline(reference, mode):
     """Under the default --step-timeout (30 s): once the drafter has answered a few calls, a
-    drafter frozen (SIGSTOP) holds the streams for a couple of seconds (its calls' least
-    deadline is 2 s then), not for the 30 s a first call may take; nothing is lost. Frozen
+    drafter frozen (SIGSTOP) holds the streams for a couple of seconds at most (its calls'
+    least deadline is 2 s then), not for the 30 s a first call may take, and leaves the pool
+    within that; nothing is lost. Frozen
     between runs, so that the next run's first draft call certainly meets it (frozen 0.3 s
     into a run, warm requests of 16 tokens had all finished before any call reached it)."""
     with Cluster(_config(step_timeout_s=ServeConfig.step_timeout_s, **MODES[mode])) as cluster:
@@ -171,8 +172,10 @@ def test_a_frozen_drafter_holds_streams_for_seconds_not_the_start_up_deadline(re
         results = _generate_all(cluster)
         held_s = time.monotonic() - start
         _check(reference, results, "drafter SIGSTOP")
-        assert _pool(cluster) == []
         assert held_s < 12, f"the streams took {held_s:.1f} s with the drafter frozen"
+        # Dropped within its calls' deadline; in auto mode maybe after the streams ended: a
+        # catch-up call it froze on runs beside plain decoding, which finished the requests.
+        _wait_for(lambda: _pool(cluster) == [], 12 - held_s, "the frozen drafter to leave the pool")
         cluster.send_signal("drafter-0", signal.SIGCONT)
         _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the drafter to rejoin")
         assert_idle(cluster, _pool(cluster))
