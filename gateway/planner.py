@@ -33,9 +33,9 @@ token (measured on recent requests), at the layout's own price c (ar on the lent
 the verifier then the drafter, psd on both at once): serving rate = 1 / (1 / rate + rho c).
 Each rate is corrected by the layout's measured slowdowns (gateway/auto.py: the seconds it
 really took over what the model predicted for what it delivered, decoding and prefill
-apart), so a layout that runs worse than its arithmetic says stops being chosen, and scaled by
-spread over a horizon with the one-off time of moving to it: the drafter's catch-up after
-plain decoding, during which plain decoding goes on on the verifier's own cores where the
+apart), so a layout that runs worse than its arithmetic says stops being chosen, and spread
+over a horizon together with the one-off time of moving to it: the drafter's catch-up after
+plain decoding, during which plain decoding goes on, on the verifier's own cores, where the
 catch-up is long enough to run beside it (StepCosts.catch_up_pays).
 
 Draft lengths: a request drafts position j when the chance that position is reached and

@@ -97,54 +97,6 @@ def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(plann
     asyncio.run(scenario())
 
 
-def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_switch(monkeypatch):
-    plan = {"layout": "ar"}
-
-    def fixed(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
-        layout = plan["layout"]
-        ids = [r.request_id for r in requests]
-        return Plan(layout, {i: 0 if layout == "ar" else k_max for i in ids}, (tuple(ids),), 0.01, 100.0,
-                    {layout: 100.0}, threshold=0.0, cap=0 if layout == "ar" else k_max)
-
-    _plan_with(monkeypatch, fixed)
-
-    async def scenario() -> None:
-        plane = DataPlane()
-        verifier = WaitingVerifier(plane)
-        pool = DrafterPool(engine_pb2.EngineInfo(data_plane="gloo"))
-        pool.drafters["d:1"] = DrafterHandle("d:1", "d", "m", 1000, ClosableChannel(), FakeDrafter(plane, "d"))
-        config = BatchManagerConfig(mode="auto", k=2, max_batch=8, kv_blocks=1000, block_size=16,
-                                    step_timeout_s=5.0)
-        manager = BatchManager(config, verifier, pool)
-        manager.planner.replan_interval_s = 0.0             # a plan at every step boundary
-        observed = []
-        observe = manager.planner.observe_step
-
-        def recording(layout, tokens, prompt_tokens, batch=None):
-            observed.append(layout)
-            observe(layout, tokens, prompt_tokens, batch)
-            if observed.count("ar") == 6:                   # six tokens each, the drafter unaware
-                plan["layout"] = "sd"                       # (switched here: a step takes no time)
-
-        manager.planner.observe_step = recording
-        runner = asyncio.ensure_future(manager.run())
-        requests = [active_request("a", 40), active_request("b", 40)]
-        for req in requests:
-            manager.submit(req)
-        try:
-            for req in requests:
-                assert await streamed_tokens(req) == [TOKEN] * 40
-        finally:
-            runner.cancel()
-        drafted = [step for step in verifier.steps if step.sources]
-        first_sd = observed.index("sd")
-        # The first drafted step took in every token so far: it does not count; the next do.
-        assert observed[first_sd - 1] == "" and observed[first_sd:first_sd + 3] == ["sd"] * 3
-        assert len(drafted) >= 4 and all(item.num_draft == 2 for item in drafted[1].items)
-
-    asyncio.run(scenario())
-
-
 def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
     """Plain decoding until `after_steps` plain steps came back, then sd; -> the manager's
     observe_step wrapper to install (it records each step's layout in `observed`)."""
@@ -184,27 +136,52 @@ class PacedVerifier(WaitingVerifier):
         return response
 
 
-async def _serve_two(drafter: FakeDrafter, plane: DataPlane, wrap, max_tokens: int = 40):
-    verifier = PacedVerifier(plane)
+async def _serve_two(drafter: FakeDrafter, plane: DataPlane, wrap, verifier: WaitingVerifier,
+                     model: CostModel | None = None, max_tokens: int = 40):
+    """Requests a and b (max_tokens each) through an auto-mode Batch Manager that plans at
+    every step boundary; -> their streamed tokens."""
     pool = DrafterPool(engine_pb2.EngineInfo(data_plane="gloo"))
     pool.drafters["d:1"] = DrafterHandle("d:1", "d", "m", 1000, ClosableChannel(), drafter)
     config = BatchManagerConfig(mode="auto", k=2, max_batch=8, kv_blocks=1000, block_size=16, step_timeout_s=5.0)
     manager = BatchManager(config, verifier, pool)
-    manager.planner.replan_interval_s = 0.0
+    manager.planner.replan_interval_s = 0.0             # a plan at every step boundary
     manager.planner.observe_step = wrap(manager.planner.observe_step)
-    # The drafter takes a prompt token in at 10 ms (its fake calls report no such price):
-    # catching up takes longer than a plain step.
-    manager.planner.model = manager.calls.model = CostModel(StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4,
-                                                                      draft_per_new_token=1e-2))
+    if model is not None:
+        manager.planner.model = manager.calls.model = model
     runner = asyncio.ensure_future(manager.run())
     requests = [active_request("a", max_tokens), active_request("b", max_tokens)]
     for req in requests:
         manager.submit(req)
     try:
-        outputs = [await streamed_tokens(req) for req in requests]
+        return [await streamed_tokens(req) for req in requests]
     finally:
         runner.cancel()
-    return verifier, outputs
+
+
+def _dear_catch_up() -> CostModel:
+    """The drafter takes a prompt token in at 10 ms (the fake drafter reports no such price):
+    catching up takes longer than a plain step."""
+    return CostModel(StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4, draft_per_new_token=1e-2))
+
+
+def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_switch(monkeypatch):
+    observed: list[str] = []
+    wrap = _ar_then_sd(monkeypatch, 6, observed)        # six tokens each, the drafter unaware
+
+    async def scenario() -> None:
+        plane = DataPlane()
+        verifier = WaitingVerifier(plane)               # (a step takes no time)
+        drafter = FakeDrafter(plane, "d")
+        outputs = await _serve_two(drafter, plane, wrap, verifier)
+        assert outputs == [[TOKEN] * 40] * 2
+        assert not drafter.catch_ups                    # at the prior's prices it rides in the first drafting step
+        drafted = [step for step in verifier.steps if step.sources]
+        first_sd = observed.index("sd")
+        # The first drafted step took in every token so far: it does not count; the next do.
+        assert observed[first_sd - 1] == "" and observed[first_sd:first_sd + 3] == ["sd"] * 3
+        assert len(drafted) >= 4 and all(item.num_draft == 2 for item in drafted[1].items)
+
+    asyncio.run(scenario())
 
 
 def test_the_drafter_catches_up_beside_plain_steps_before_drafting_resumes(monkeypatch):
@@ -215,7 +192,8 @@ def test_the_drafter_catches_up_beside_plain_steps_before_drafting_resumes(monke
         plane = DataPlane()
         drafter = FakeDrafter(plane, "d")
         drafter.catch_up_s = 0.05                       # long enough for a few plain steps
-        verifier, outputs = await _serve_two(drafter, plane, wrap)
+        verifier = PacedVerifier(plane)
+        outputs = await _serve_two(drafter, plane, wrap, verifier, _dear_catch_up())
         assert outputs == [[TOKEN] * 40] * 2            # every token once
         # A catch-up call, drafting nothing, with each request's every token so far (six
         # plain steps or more: those in flight at the switch came back first); then another
@@ -255,7 +233,8 @@ def test_a_failed_catch_up_loses_nothing_and_drafting_resumes(monkeypatch):
         plane = DataPlane()
         drafter = FakeDrafter(plane, "d")
         drafter.failing_catch_ups = 1
-        verifier, outputs = await _serve_two(drafter, plane, wrap)
+        verifier = PacedVerifier(plane)
+        outputs = await _serve_two(drafter, plane, wrap, verifier, _dear_catch_up())
         assert outputs == [[TOKEN] * 40] * 2
         # Re-homed, the requests had all their tokens to catch up again, not half as many:
         # the first drafting step took them in (afresh, as new requests).
