@@ -343,10 +343,11 @@ class BatchManager:
             # half as much (else the first drafting step takes it in).
             switching = catching_up is not None
             if not switching and self.layout != "ar" and live:
-                tokens = self._catch_up_tokens(live)
+                drafting = self._placed_to_draft(live)
+                tokens = sum(req.drafter_catch_up for req in drafting)
                 switching = self._catch_up_pays(tokens, len(live)) and (not caught_up_from or 2 * tokens <= caught_up_from)
                 if switching and not any(lent for _, lent in in_flight):
-                    catching_up, caught_up_from = self._catch_up(live), tokens
+                    catching_up, caught_up_from = self._catch_up(drafting), tokens
             if live and len(in_flight) < 2 and (self.layout == "ar" or switching):
                 step_id = self.calls.next_step_id()
                 items = [DraftedItem(r, 0) for r in live]
@@ -369,17 +370,17 @@ class BatchManager:
             self._kick()
             self._maybe_replan()
 
-    def _catch_up_tokens(self, live: list[ActiveRequest]) -> int:
-        """The tokens the drafters have yet to take in before these requests draft. Requests
-        without a drafter are placed first, as their first drafting step would; those with
-        none to go to, or with speculation off, are left out."""
-        tokens = 0
+    def _placed_to_draft(self, live: list[ActiveRequest]) -> list[ActiveRequest]:
+        """The requests that will draft, each on a drafter: those without one are placed
+        first, as their first drafting step would; those with none to go to, or with
+        speculation off, are left out."""
+        drafting = []
         for req in live:
             if req.max_draft != 0 and req.drafter is None:
                 self.admission.place(req)
             if req.max_draft != 0 and req.drafter is not None:
-                tokens += req.drafter_catch_up
-        return tokens
+                drafting.append(req)
+        return drafting
 
     def _catch_up_pays(self, tokens: int, batch: int) -> bool:
         """StepCosts.catch_up_pays; in tests that cycle the layouts, whenever there is more
@@ -388,16 +389,15 @@ class BatchManager:
             return tokens > batch
         return self.planner.costs().catch_up_pays(tokens, batch)
 
-    def _catch_up(self, live: list[ActiveRequest]) -> asyncio.Future:
+    def _catch_up(self, drafting: list[ActiveRequest]) -> asyncio.Future:
         """Each drafter takes in what was verified for its requests since it last drafted,
         on a call of its own that drafts nothing, while the verifier goes on decoding on its
         own cores: the switch to drafting costs a few plain steps on them, not the verifier
         idle for the whole catch-up. A drafter that fails is handled as in a failed draft
         call: its requests draft elsewhere, or catch up in their first drafting step."""
         by_drafter: dict[DrafterHandle, list[ActiveRequest]] = {}
-        for req in live:
-            if req.max_draft != 0 and req.drafter is not None:     # (placed by _catch_up_tokens)
-                by_drafter.setdefault(req.drafter, []).append(req)
+        for req in drafting:                                    # (each on a drafter: _placed_to_draft)
+            by_drafter.setdefault(req.drafter, []).append(req)
         layout = self.layout
 
         async def one(drafter: DrafterHandle, requests: list[ActiveRequest]) -> None:

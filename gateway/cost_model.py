@@ -207,15 +207,12 @@ class StepCosts:
         return max(self.verify_per_new_token, self.draft_per_new_token)
 
     def draft(self, ks: list[int], new_tokens: int = 0) -> float:
-        """new_tokens: catch-up tokens the first forward carries besides the drafts."""
-        if not ks or max(ks) == 0:
+        """new_tokens: catch-up tokens the first forward carries besides the drafts (with
+        every k 0, a call that only takes them in). Nothing to draft or take in: no call."""
+        if not ks or (max(ks) == 0 and not new_tokens):
             return 0.0
         return (self.draft_fixed + self.draft_per_forward * max(ks) + self.draft_per_token * sum(ks)
                 + self.draft_per_new_token * new_tokens)
-
-    def catch_up(self, tokens: int) -> float:
-        """A drafter call that only takes in `tokens` verified tokens (drafts nothing)."""
-        return self.draft_fixed + self.draft_per_new_token * tokens if tokens else 0.0
 
     def catch_up_pays(self, tokens: int, batch: int) -> bool:
         """Whether the drafters' catch-up of `tokens` after plain decoding runs on a call of
@@ -223,7 +220,7 @@ class StepCosts:
         the first drafting step: when it takes longer than one such step (BatchManager._decode;
         at C = 64 on the reference machine a first drafting step after plain decoding took
         0.6 s, the verifier waiting on its drafts, against 0.03 s a plain step)."""
-        return self.catch_up(tokens) > self.verify([0] * batch)
+        return self.draft([0], tokens) > self.verify([0] * batch)
 
     def verify(self, ks: list[int], new_tokens: int = 0, borrowed: bool = False) -> float:
         """new_tokens: prompt tokens of requests new to the verifier, prefilled in the same forward."""
@@ -329,17 +326,10 @@ class CostModel:
 
     def observe_draft(self, ks: list[int], busy_s: float, new_tokens: int = 0, predicted: float | None = None) -> None:
         """predicted: what the model said when the call was made (default: what it says now)."""
-        if ks and max(ks) > 0 and self._reported("the drafter's busy_s", busy_s):
+        if ks and (max(ks) > 0 or new_tokens) and self._reported("the drafter's busy_s", busy_s):
             self._track(self.costs().draft(ks, new_tokens) if predicted is None else predicted, busy_s)
             self._changes += 1
             self._draft.observe((float(max(ks)), float(sum(ks)), 1.0, float(new_tokens)), busy_s)
-
-    def observe_catch_up(self, tokens: int, busy_s: float, predicted: float) -> None:
-        """A drafter call that only took in `tokens` verified tokens: a draft of k = 0."""
-        if tokens and self._reported("the drafter's busy_s", busy_s):
-            self._track(predicted, busy_s)
-            self._changes += 1
-            self._draft.observe((0.0, 0.0, 1.0, float(tokens)), busy_s)
 
     def observe_verify(self, ks: list[int], busy_s: float, new_tokens: int = 0, borrowed: bool = False,
                        predicted: float | None = None) -> None:

@@ -46,20 +46,6 @@ def call_status(err: BaseException) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, repr(err)
 
 
-def _tokens_for_drafter(requests: list[ActiveRequest]) -> tuple[list[engine_pb2.NewRequest], list[engine_pb2.TokenDiff]]:
-    """What a drafter call carries of these requests' tokens: a new one's all (it is known
-    to the drafter from now on), a known one's verified since it last heard; none pending after."""
-    new_requests, updates = [], []
-    for req in requests:
-        if not req.known_to_drafter:
-            new_requests.append(new_request_proto(req.request_id, req.seq.token_ids, req.seq.params, req.seq.seed))
-            req.known_to_drafter = True
-        elif req.pending_diff:
-            updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
-        req.pending_diff = []
-    return new_requests, updates
-
-
 async def guarded(call: Awaitable[T], what: str) -> T:
     """Await a call; a CancelledError that is not this task's own cancellation (grpc.aio
     raises one when the channel closes under the call) becomes CallCancelled."""
@@ -220,22 +206,31 @@ class EngineCalls:
                     borrowed=response.borrowed)
         return response, new_tokens
 
-    async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]]
+    async def draft(self, step_id: int, drafter: DrafterHandle, items: list[tuple[ActiveRequest, int]],
+                    catch_up_only: bool = False
                     ) -> tuple[engine_pb2.DraftStepResponse, float, list[tuple[ActiveRequest, int]]]:
         """Draft `items` (request, k) on one drafter: new requests go with their tokens,
         known ones with the tokens verified since it last heard (their diff). Every item is
         drafted, in this order, even one that ended meanwhile: a verify step may already be
-        waiting for exactly these drafts (it drops an ended request's). -> (the answer, the
-        busy time the cost model predicted, the items drafted in the order of the answer's
-        drafts)."""
+        waiting for exactly these drafts (it drops an ended request's). catch_up_only: the
+        drafter only takes the tokens in (every k is 0). -> (the answer, the busy time the
+        cost model predicted, the items drafted in the order of the answer's drafts)."""
         catch_up = sum(req.drafter_catch_up for req, _ in items)
-        new_requests, updates = _tokens_for_drafter([req for req, _ in items])
+        new_requests, updates = [], []
+        for req, _ in items:
+            if not req.known_to_drafter:
+                new_requests.append(new_request_proto(req.request_id, req.seq.token_ids,
+                                                      req.seq.params, req.seq.seed))
+                req.known_to_drafter = True
+            elif req.pending_diff:
+                updates.append(engine_pb2.TokenDiff(request_id=req.request_id, new_token_ids=req.pending_diff))
+            req.pending_diff = []
         finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
         ks = [k for _, k in items]
         predicted = self.model.costs().draft(ks, catch_up)
         with naming(drafter.in_flight, [r.request_id for r, _ in items]):
             response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
-                step_id=step_id, new_requests=new_requests, updates=updates, finished=finished,
+                step_id=step_id, new_requests=new_requests, updates=updates, finished=finished, catch_up=catch_up_only,
                 items=[engine_pb2.DraftItem(request_id=r.request_id, num_draft=k) for r, k in items]),
                 timeout=self.deadlines("draft", predicted)), f"draft on {drafter.address}")
         self.model.observe_draft(ks, response.busy_s, catch_up, predicted=predicted)
@@ -244,17 +239,8 @@ class EngineCalls:
     async def catch_up(self, step_id: int, drafter: DrafterHandle, requests: list[ActiveRequest], layout: str) -> None:
         """The drafter takes in every token of `requests` verified since it last heard of
         them, and drafts nothing (auto mode, on its way from plain decoding to drafting)."""
-        tokens = sum(req.drafter_catch_up for req in requests)
-        new_requests, updates = _tokens_for_drafter(requests)
-        finished, drafter.pending_frees = frees_now(drafter.pending_frees, drafter.in_flight)
-        predicted = self.model.costs().catch_up(tokens)
         start = time.perf_counter()
-        with naming(drafter.in_flight, [r.request_id for r in requests]):
-            response = await guarded(drafter.stub.Step(engine_pb2.DraftStepRequest(
-                step_id=step_id, new_requests=new_requests, updates=updates, finished=finished, catch_up=True,
-                items=[engine_pb2.DraftItem(request_id=r.request_id) for r in requests]),
-                timeout=self.deadlines("draft", predicted)), f"catch-up on {drafter.address}")
-        self.model.observe_catch_up(tokens, response.busy_s, predicted)
+        response, predicted, _ = await self.draft(step_id, drafter, [(r, 0) for r in requests], catch_up_only=True)
         self.record("draft", step_id, start, draft_busy_s=response.busy_s, draft_batch=len(requests), layout=layout,
                     draft_lengths=[0] * len(requests), predicted_busy_s=predicted)
 

@@ -1285,7 +1285,7 @@ def test_the_catch_up_is_counted_only_when_leaving_plain_decoding():
     # The prior's catch-up of 103 tokens outlasts a plain step of the three: plain decoding
     # goes on meanwhile, on the own cores.
     costs = planner.costs()
-    assert costs.catch_up(103) > costs.verify([0] * 3)
+    assert costs.draft([0], 103) > costs.verify([0] * 3)
     assert meanwhile == pytest.approx(3 / costs.verify([0] * 3))
     behind.pending_diff = []
     assert planner._switch_s([behind])[1] == 0.0        # nothing to catch up: no plain step meanwhile
