@@ -32,6 +32,17 @@ from minedraft.service.server import start_server, wait_healthy
 from minedraft.v1 import engine_pb2, engine_pb2_grpc, generation_pb2_grpc
 
 logger = logging.getLogger("minedraft.gateway")
+ANY_PORT = -1       # --http-port any: bound on a free port, named in the port file (none picked ahead)
+
+
+def http_port(text: str) -> int:
+    """--http-port: a port, 0 (off) or 'any' (ANY_PORT: the port is bound, then named)."""
+    if text == "any":
+        return ANY_PORT
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise ValueError(text)
+    return port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,10 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=GATEWAY_PORT, help="public gRPC port")
     parser.add_argument("--port-file", default="", help="write the bound ports here once serving (with --port 0): "
                         "the public one in this file, the admin one in FILE.admin, the HTTP one in FILE.http")
-    parser.add_argument("--http-port", type=int, default=0,
+    parser.add_argument("--http-port", type=http_port, default=0,
                         help="serve the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
                              "/v1/models, /health, /metrics) on this port of --host, with the public API's "
-                             "TLS and API keys (0: off); see docs/http.md")
+                             "TLS and API keys (0: off; 'any': a free port, named in --port-file's FILE.http); "
+                             "see docs/http.md")
     parser.add_argument("--served-model-name", default="",
                         help="the model's name on the HTTP API (default: the name of the verifier's model "
                              "directory)")
@@ -160,7 +172,7 @@ async def serve(args: argparse.Namespace) -> None:
     http = None
     if args.http_port:
         http = await serve_openai(frontend, target_info.model, tokenizer_dir,
-                                  args.served_model_name, args.host, args.http_port, args.public,
+                                  args.served_model_name, args.host, max(0, args.http_port), args.public,
                                   f"{args.port_file}.http" if args.port_file else "")
         logger.info("OpenAI-compatible HTTP API on %s/v1", http.url)
     watch = VerifierWatch(manager, verifier_channel, served, target_info.instance_id)

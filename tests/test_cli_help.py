@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from gateway.main import parse_args
+from gateway.main import ANY_PORT, parse_args
 from minedraft import __version__
 from minedraft.cli import build_parser, main
 
@@ -48,3 +48,13 @@ def test_help_shows_defaults(capsys):
     gateway_help = " ".join(capsys.readouterr().out.split())
     assert "--http-port HTTP_PORT serve the OpenAI-compatible HTTP API" in gateway_help
     assert "(default: 1024)" in gateway_help
+
+
+def test_gateway_http_port_is_a_port_off_or_any(capsys):
+    assert parse_args(["--http-port", "any"]).http_port == ANY_PORT
+    assert parse_args(["--http-port", "8001"]).http_port == 8001
+    assert parse_args([]).http_port == 0
+    for bad in ("-1", "65536", "eight"):
+        with pytest.raises(SystemExit):
+            parse_args(["--http-port", bad])
+        assert f"--http-port: invalid http_port value: '{bad}'" in capsys.readouterr().err

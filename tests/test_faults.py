@@ -137,6 +137,26 @@ def test_drafter_killed_under_load_rejoins_and_drafts_again(reference, mode):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
+def test_drafter_killed_while_idle_is_dropped_at_the_next_run(reference, mode):
+    """SIGKILL between runs: the gateway hears of it only from its next call to the drafter
+    (in auto mode a catch-up or draft call on a switch to drafting). Nothing is lost, the
+    dead drafter leaves the pool, health stays SERVING, and a new replica drafts."""
+    with Cluster(_config(**MODES[mode])) as cluster:
+        _check(reference, _generate_all(cluster), "warm-up")
+        assert _drafts_recorded(cluster) > 0
+        cluster.kill("drafter-0")
+        results = _generate_all(cluster)
+        _check(reference, results, "drafter SIGKILL while idle")
+        _wait_for(lambda: _pool(cluster) == [], 30, "the dead drafter to leave the pool")
+        assert _health(cluster.address) == health_pb2.HealthCheckResponse.SERVING
+        cluster.add_drafter("drafter-0")
+        results = _generate_all(cluster)
+        _check(reference, results, "after the new replica joined")
+        assert sum(r.stats.num_drafted for r in results) > 0
+        assert_idle(cluster, _pool(cluster))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_frozen_drafter_is_dropped_then_rejoins_by_itself(reference, mode):
     """SIGSTOP for longer than the call deadline: it is treated as gone (streams finish at
     k = 0, nothing lost); after SIGCONT its late answers are ignored and it rejoins."""

@@ -225,6 +225,11 @@ def test_client_that_disconnects_mid_stream_frees_its_request(cluster):
 
 
 def test_health_models_and_metrics(cluster):
+    # With port 0 the gateway binds the HTTP API on a free port itself and names it: a port
+    # picked ahead by the launcher could be taken by another bind before the gateway's (the
+    # gateway's own gRPC binds, just before, once took it: uvicorn failed with EADDRINUSE).
+    argv = cluster.procs["gateway"].args
+    assert argv[argv.index("--http-port") + 1] == "any"
     health = httpx2.get(f"{cluster.http_url}/health", timeout=30)
     assert health.status_code == 200 and health.json() == {"status": "serving"}
     models = httpx2.get(f"{cluster.http_url}/v1/models", timeout=30).json()

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from minedraft.launcher.config import ServeConfig
 from minedraft.service.backoff import Backoff
-from minedraft.service.network import free_port
 from minedraft.service.runtime import LAUNCHER_PID_ENV
 from minedraft.service.security import INTERNAL_TOKEN_ENV, DialSecurity, read_token
 from minedraft.service.server import wait_healthy
@@ -62,8 +61,8 @@ class Cluster:
             self.verifier_address = f"{cfg.host}:{self._wait_port('verifier')}"
             self.report(f"verifier ready on {self.verifier_address}")
             admin_port = cfg.admin_port if cfg.port else 0
-            # The HTTP port takes no "any free port" value (0 is off): with port 0 one is picked here.
-            http_port = cfg.http_port if cfg.port or not cfg.http_port else free_port(cfg.host)
+            # With port 0 the gateway binds the HTTP API on a free port of its own too, and names it.
+            http_port = cfg.http_port if cfg.port or not cfg.http_port else "any"
             self.report(f"starting the gateway: mode {cfg.mode}{f', k {cfg.k}' if cfg.mode != 'ar' else ''}, "
                         f"max batch {cfg.max_batch} ...")
             self._spawn("gateway", ["gateway", "--host", cfg.host, "--port", str(cfg.port),
