@@ -108,6 +108,9 @@ def _rope_config(raw: dict) -> RopeConfig:
     )
 
 
+PACKED_WEIGHTS = ("auto", "on", "off")
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     """How one model instance runs: where, in which precision, with how much KV cache."""
@@ -120,8 +123,12 @@ class RunnerConfig:
     num_threads: int = 0          # 0 = leave torch's default
     attention_backend: str = "sdpa"
     random_weights: bool = False  # benchmarks: read config.json only, draw weights at random
+    packed_weights: str = "auto"  # oneDNN-packed linear weights (minedraft/model/packed_linear.py):
+                                  # on, off, or auto (on CPU in float32 where they outgrow the cache)
 
     def __post_init__(self) -> None:
+        if self.packed_weights not in PACKED_WEIGHTS:
+            raise ValueError(f"packed_weights must be one of {list(PACKED_WEIGHTS)}, got {self.packed_weights!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {list(DTYPES)}, got {self.dtype!r}")
         if self.block_size < 1:

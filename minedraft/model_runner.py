@@ -12,6 +12,7 @@ whatever samples from them runs identically on every rank.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,11 @@ from minedraft.config import ModelConfig, RunnerConfig
 from minedraft.kv_cache import BlockManager, KVCache
 from minedraft.model.attention import ATTENTION_BACKENDS, build_metadata
 from minedraft.model.loader import load_model
+from minedraft.model.packed_linear import (last_level_cache_bytes, linear_weight_bytes, pack_linears,
+                                          packing_available, packing_pays)
 from minedraft.parallel import TPGroup
+
+logger = logging.getLogger("minedraft.model")
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class ModelRunner:
         self.model = load_model(config.model_path, config.torch_dtype, self.device, config.random_weights,
                                 tp=self.tp)
         self.model_config: ModelConfig = self.model.cfg
+        self.packed = self._pack(config.packed_weights)
         self.attention = ATTENTION_BACKENDS[config.attention_backend]
         cfg = self.model_config
         local_kv_heads = self.model.layers[0].attn.num_kv_heads     # this rank's share
@@ -54,6 +60,19 @@ class ModelRunner:
                                 local_kv_heads, cfg.head_dim, config.torch_dtype, self.device)
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self._cached_tokens: dict[str, list[int]] = {}
+
+    def _pack(self, packed_weights: str) -> bool:
+        """Pack the linear weights for oneDNN where that pays (or as configured). -> whether packed."""
+        dtype = self.config.torch_dtype
+        if packed_weights == "on" and not packing_available(self.device, dtype):
+            raise ValueError(f"packed_weights 'on': packed weights are for float32 on CPU with oneDNN, "
+                             f"not {self.config.dtype} on {self.device}")
+        if packed_weights == "off" or (packed_weights == "auto" and not packing_pays(self.model, self.device, dtype)):
+            return False
+        weights = linear_weight_bytes(self.model)
+        logger.info("%d linear layers' weights packed for oneDNN (%.0f MB of them; the last-level cache holds %.0f MB)",
+                    pack_linears(self.model), weights / 2**20, last_level_cache_bytes() / 2**20)
+        return True
 
     @property
     def vocab_size(self) -> int:
