@@ -61,6 +61,8 @@ SLOWER_JUDGED_FOR_S = 60.0  # a judgement that lending slows plain decoding laps
                             # another process held the cores, it priced plain decoding on one core
                             # for good, and auto ran psd at 0.86 of plain decoding at C = 8)
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
+INTERCEPT_PRIOR_WEIGHT = 1e-6   # a fit's fixed cost is all but free of its prior (LinearFit): enough
+                                # only to give it the prior's value before any call
 
 
 def _median(values) -> float:
@@ -71,14 +73,22 @@ def _median(values) -> float:
 
 class LinearFit:
     """y ~ w . x by least squares over the last `window` observations, shrunk towards
-    `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane).
+    `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane), one
+    weight for all features or one each. An intercept wants next to none: shrunk towards a
+    guess of a few milliseconds, it leaves the slopes to make up the rest of every call's
+    time, and with few calls they come out dear (the memory-bound stand-in's verifier, 100 ms
+    a call plus 8 a token on one core, was fitted at 79 plus 13 from its start-up profile,
+    which priced a draft of four 30% above what it cost, and auto never drafted there).
     Keeps the normal equations' sums, so an observation and a solve cost O(d^2) and O(d^3)
     for a handful of features, whatever the window: the gateway fits on every call."""
 
-    def __init__(self, prior: tuple[float, ...], prior_weight: float = 1.0, window: int = 512) -> None:
-        self.prior = prior
-        self.prior_weight = prior_weight
+    def __init__(self, prior: tuple[float, ...], prior_weight: float | tuple[float, ...] = 1.0,
+                 window: int = 512) -> None:
         d = len(prior)
+        self.prior = prior
+        self.prior_weight = (prior_weight,) * d if isinstance(prior_weight, (int, float)) else tuple(prior_weight)
+        if len(self.prior_weight) != d:
+            raise ValueError(f"expected {d} prior weights, got {len(self.prior_weight)}")
         self._rows: deque[tuple[tuple[float, ...], float]] = deque(maxlen=window)
         self._xtx = [[0.0] * d for _ in range(d)]
         self._xty = [0.0] * d
@@ -116,8 +126,8 @@ class LinearFit:
     def _solve(self) -> tuple[float, ...]:
         """(X^T X + l I) w = X^T y + l prior, by Gaussian elimination (a few features only)."""
         d = len(self.prior)
-        a = [[x + (self.prior_weight if i == j else 0.0) for j, x in enumerate(row)] for i, row in enumerate(self._xtx)]
-        rhs = [y + self.prior_weight * p for y, p in zip(self._xty, self.prior)]
+        a = [[x + (self.prior_weight[i] if i == j else 0.0) for j, x in enumerate(row)] for i, row in enumerate(self._xtx)]
+        rhs = [y + w * p for y, w, p in zip(self._xty, self.prior_weight, self.prior)]
         for col in range(d):
             pivot = max(range(col, d), key=lambda r: abs(a[r][col]))
             a[col], a[pivot], rhs[col], rhs[pivot] = a[pivot], a[col], rhs[pivot], rhs[col]
@@ -246,9 +256,11 @@ class CostModel:
         prior = prior or StepCosts(1e-3, 1e-4, 1e-3, 5e-3, 5e-4, 5e-4)
         # A prompt token is guessed at a drafted or verified one's price unless the prior says.
         self._draft = LinearFit((prior.draft_per_forward, prior.draft_per_token, prior.draft_fixed,
-                                 prior.draft_per_new_token or prior.draft_per_token))
+                                 prior.draft_per_new_token or prior.draft_per_token),
+                                prior_weight=(1.0, 1.0, INTERCEPT_PRIOR_WEIGHT, 1.0))
         self._verify = LinearFit((prior.verify_fixed, prior.verify_per_token,
-                                  prior.verify_per_new_token or prior.verify_per_token, prior.verify_per_request))
+                                  prior.verify_per_new_token or prior.verify_per_token, prior.verify_per_request),
+                                 prior_weight=(INTERCEPT_PRIOR_WEIGHT, 1.0, 1.0, 1.0))
         self._lent: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)  # (features, busy)
         self._lent_prefills: deque[tuple[tuple[float, ...], float]] = deque(maxlen=LENT_WINDOW)   # ... with prompts
         # Plain decode calls (k = 0, no prompts) on each side: (when, batch, busy).

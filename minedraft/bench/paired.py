@@ -91,10 +91,15 @@ def measure_pairs(specs: list[RunSpec], concurrency: int, args: argparse.Namespa
     runs: dict[str, list[dict]] = {name: [] for name in names}
     with ExitStack() as stack:
         addresses = {}
-        for spec, name in zip(specs, names):
+        # Auto's last: its start-up profile measures the services, and the next setting's
+        # model loading beside it would be measured too (the memory-bound stand-in's profile,
+        # taken while other settings loaded their targets, priced a verify token at three times
+        # its cost, and auto never drafted). Fixed settings measure nothing at start-up.
+        for spec, name in sorted(zip(specs, names), key=lambda pair: pair[1] == AUTO):
             print(f"[paired C={concurrency}] starting {name}", flush=True)
             cluster = stack.enter_context(Cluster(serve_config(spec.mode, spec.k, concurrency, args)))
             addresses[name] = cluster.address
+        addresses = {name: addresses[name] for name in names}       # (passes in the settings' order)
         for name, address in addresses.items():
             with Client(address, timeout=600) as client:
                 client.generate(workload.prompts[0], max_tokens=4)
