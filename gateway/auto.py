@@ -94,8 +94,8 @@ EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most thi
 EXPLORE_WINDOW_S = 120.0    # of about the last this long (an hour without trials earns no burst;
                             # long enough that a trial of EXPLORE_MAX_S fits in the share)
 HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen again on the model's
-                            # word at about the load it was left at for this long, unless measured
-                            # since (a re-check): at C = 2 the three layouts' rates, read from spells
+                            # word at about the load it was left at, while requests it was left for
+                            # run, for this long, unless measured since (a re-check): at C = 2 the three layouts' rates, read from spells
                             # of 0.2-0.6 s, swung 10-20% between plans a fifth of a second apart, and
                             # auto went from plain decoding to sd or psd predicted 11% ahead, measured
                             # them slower, went back, and chose them again half a second later
@@ -184,7 +184,7 @@ class AutoPlanner:
         self._wave_settled: tuple[str, int] | None = None
         # Per drafting layout, when the plan last moved off it for another settled layout, and
         # the requests running then (see HELD_BACK_S).
-        self._left: dict[str, tuple[float, int]] = {}
+        self._left: dict[str, tuple[float, frozenset[str]]] = {}
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
         self._floor_wait: float | None = None           # plain decoding's next early re-check (see
                                                         # FLOOR_FIRST_RECHECK_S; None: none owed)
@@ -369,9 +369,9 @@ class AutoPlanner:
             switching = dict(switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, meanwhile_tokens_per_s=meanwhile)
             best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, prefill_slowdown=prefill_slowdown,
                                **switching)
-            if self._held_back(best.layout, len(requests), now):
+            if self._held_back(best.layout, requests, now):
                 others = tuple(layout for layout in best.considered
-                               if not self._held_back(layout, len(requests), now))
+                               if not self._held_back(layout, requests, now))
                 best = replace(choose_plan(self.costs(), wanted, k_cap, layouts=others, slowdown=slowdown,
                                            prefill_slowdown=prefill_slowdown, **switching), considered=best.considered)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
@@ -405,7 +405,7 @@ class AutoPlanner:
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
             if self.plan.layout != "ar" and not self._exploring:      # (setting a layout aside for a
-                self._left[self.plan.layout] = (now, len(requests))     # trial is not leaving it)
+                self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))  # trial is not leaving it)
         if requests and not self.cycle_steps:
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
                                  plan.decode_tokens_per_s * plan.step_s, counted=self._steady and not self._settling)
@@ -419,13 +419,18 @@ class AutoPlanner:
         self.plan = plan
         return plan
 
-    def _held_back(self, layout: str, running: int, now: float) -> bool:
+    def _held_back(self, layout: str, requests: list[ActiveRequest], now: float) -> bool:
         """Whether `layout` is not to be chosen on the model's word now: a drafting layout the
-        plan moved off less than HELD_BACK_S ago at about this load, and not measured since
-        (a re-check that measured it lifts this). Never the settled layout."""
+        plan moved off less than HELD_BACK_S ago at about this load, for requests some of which
+        still run, and not measured since (a re-check that measured it lifts this). Never the
+        settled layout. Once every request it was left for has finished, the prediction that
+        left it no longer speaks for those running: in the memory-bound stand-in at C = 1 one
+        request's few rejected drafts put sd below plain decoding, and the next requests, sd
+        predicted 22% ahead for them, ran plainly for the rest of the 15 s (sd: 1.16x plain)."""
         left = self._left.get(layout)
         return (left is not None and layout != self._settled and now - left[0] < HELD_BACK_S
-                and _same_load(running, left[1]) and self._last_measured(layout) <= left[0])
+                and _same_load(len(requests), len(left[1])) and self._last_measured(layout) <= left[0]
+                and any(r.request_id in left[1] for r in requests))
 
     def _switch_s(self, requests: list[ActiveRequest]) -> tuple[dict[str, float], float]:
         """What moving from plain decoding to a drafting layout costs once: the drafter

@@ -1634,7 +1634,8 @@ def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_mea
     """psd, predicted 12% ahead, is chosen, then predicted below plain decoding (as once
     measured) and left. Predicted 12% ahead again half a second later, it stays left (at
     C = 2 auto went back and forth so): until HELD_BACK_S have passed, or a re-check
-    measured it again; at another load it may be chosen at once."""
+    measured it again; at another load, or once the requests it was left for have all
+    finished, it may be chosen at once."""
     from gateway import auto
 
     rates = {"ar": 100.0, "psd": 112.0, "sd": 80.0}
@@ -1662,6 +1663,14 @@ def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_mea
     leave_psd()
     eight = [_active(i) for i in range(8)]
     assert planner.replan(eight, K_MAX).layout == "psd"            # another load: not held
+    for _ in range(2):                  # (fewer than psd was settled for: kept for LOAD_DROP_S)
+        clock[0] += auto.LOAD_DROP_S
+        planner.replan(two, K_MAX)
+    leave_psd()
+    one_left = [two[1], _active(9)]
+    assert planner.replan(one_left, K_MAX).layout == "ar"          # one it was left for still runs
+    others = [_active(10), _active(11)]
+    assert planner.replan(others, K_MAX).layout == "psd"           # those it was left for are gone: not held
 
 
 def test_a_drafting_layout_is_left_for_plain_decoding_on_a_small_margin(clock):
