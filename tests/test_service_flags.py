@@ -45,3 +45,17 @@ def test_a_kv_cache_the_host_cannot_hold_ends_the_service_in_one_line_naming_the
     assert done.returncode == 1, done.stderr
     assert f"out of memory: the KV cache of --num-blocks {blocks} (--block-size 16) needs" in done.stderr
     assert "lower --num-blocks" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("name", PARSERS)
+def test_packed_weights_reach_the_runner_and_on_is_refused_where_it_cannot_be(name, tiny_checkpoints):
+    from minedraft.service.flags import runner_config
+
+    parser = PARSERS[name]()
+    model = str(tiny_checkpoints["qwen3"])
+    assert runner_config(parser.parse_args(["--model", model])).packed_weights == "auto"
+    assert runner_config(parser.parse_args(["--model", model, "--packed-weights", "off"])).packed_weights == "off"
+    with pytest.raises(SystemExit, match="--packed-weights on: packed weights are for float32 on CPU, not bfloat16"):
+        runner_config(parser.parse_args(["--model", model, "--packed-weights", "on", "--dtype", "bfloat16"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--packed-weights", "always"])

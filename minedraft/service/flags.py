@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from minedraft import __version__, help_format
-from minedraft.config import RunnerConfig
+from minedraft.config import PACKED_WEIGHTS, RunnerConfig
 from minedraft.constants import DTYPES
 from minedraft.model.hub import resolve_checkpoint
 
@@ -29,6 +29,10 @@ def add_runner_args(parser: argparse.ArgumentParser, default_model: str) -> None
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
                         help="precision of the weights, activations and KV cache")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--packed-weights", default="auto", choices=PACKED_WEIGHTS,
+                        help="on CPU in float32: pack the linear weights once for oneDNN, so a verify of k + 1 "
+                             "tokens reads them once (auto: where they outgrow the last-level cache; a packed "
+                             "layer holds its weight twice); see docs/architecture.md")
     parser.add_argument("--cpus", default="",
                         help="CPU cores to pin to, e.g. '0' or '2-3' (default: no pinning)")
     parser.add_argument("--num-blocks", type=int, default=4096,
@@ -53,6 +57,9 @@ def resolve_model(args: argparse.Namespace, prog: str) -> None:
 
 def runner_config(args: argparse.Namespace, device: str | None = None) -> RunnerConfig:
     model_path = getattr(args, "model_path", None) or str(resolve_checkpoint(args.model, args.revision))
-    return RunnerConfig(model_path=model_path, dtype=args.dtype, device=device or args.device,
-                        block_size=args.block_size, num_blocks=args.num_blocks,
-                        num_threads=args.threads, random_weights=args.random_weights)
+    device = device or args.device
+    if args.packed_weights == "on" and (not device.startswith("cpu") or args.dtype != "float32"):
+        raise SystemExit(f"--packed-weights on: packed weights are for float32 on CPU, not {args.dtype} on {device}")
+    return RunnerConfig(model_path=model_path, dtype=args.dtype, device=device,
+                        block_size=args.block_size, num_blocks=args.num_blocks, num_threads=args.threads,
+                        random_weights=args.random_weights, packed_weights=args.packed_weights)
