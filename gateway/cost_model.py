@@ -77,8 +77,8 @@ class LinearFit:
     weight for all features or one each. An intercept wants next to none: shrunk towards a
     guess of a few milliseconds, it leaves the slopes to make up the rest of every call's
     time, and with few calls they come out dear (the memory-bound stand-in's verifier, 100 ms
-    a call plus 8 a token on one core, was fitted at 79 plus 13 from its start-up profile,
-    which priced a draft of four 30% above what it cost, and auto never drafted there).
+    a call plus 8 a token on one core, was fitted at 79 plus 13 from its start-up profile's
+    eight calls: each token beyond the first 60% dear, a plain step 15% cheap).
     Keeps the normal equations' sums, so an observation and a solve cost O(d^2) and O(d^3)
     for a handful of features, whatever the window: the gateway fits on every call."""
 

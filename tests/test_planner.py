@@ -265,7 +265,7 @@ def test_a_few_calls_fit_the_fixed_cost_not_the_per_token_price():
     """The memory-bound stand-in's verifier on one core: 100 ms a call plus 8 ms a token, seen
     by a start-up profile's eight calls at one request (k = 0, 1, 2, 4, twice each). The fit
     prices a draft of four at what it costs; shrinking the fixed cost towards its prior (5 ms)
-    priced it 13 ms a token, and a draft of four 13% dear."""
+    priced a token at 13 ms, a draft of four 8% dear and a plain step 8% cheap."""
     model = CostModel()
     for k in (0, 0, 1, 1, 2, 2, 4, 4):
         model.observe_verify([k], 0.100 + 0.008 * (k + 1))

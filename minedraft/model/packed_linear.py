@@ -15,7 +15,7 @@ Calls of fewer than PACKED_FROM rows keep MKL's own path, which reads the weight
 there and is the fastest (a packed call of 1 or 2 rows took 3-15% longer in the stand-in's
 shapes, and 1.3-1.6x for the bundled target's small layers), so a packed layer holds its
 weight twice. Models whose weights fit in the cache gain nothing measurable (the bundled
-pair: 0.93-1.07 of unpacked per forward at 1 to 320 tokens, in noise) and are left as they
+pair: 0.86-1.14 of unpacked per forward at 1 to 320 tokens, one or two threads, in noise) and are left as they
 are (`packing_pays`).
 """
 
