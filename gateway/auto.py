@@ -96,8 +96,8 @@ EXPLORE_WINDOW_S = 120.0    # of about the last this long (an hour without trial
 HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen again on the model's
                             # word at about the load it was left at, while requests it was left for
                             # run, for this long, unless measured since (a re-check): at C = 2 the
-                            # three layouts' rates, read from spells of 0.2-0.6 s, swung 10-20% between plans a fifth of a second apart, and
-                            # auto went from plain decoding to sd or psd predicted 11% ahead, measured
+                            # three layouts' rates, read from spells of 0.2-0.6 s, swung 10-20%
+                            # between plans a fifth of a second apart, and auto went from plain decoding to sd or psd predicted 11% ahead, measured
                             # them slower, went back, and chose them again half a second later
                             # (3 of 5 runs drafted so for a fifth to half of their steps: 0.86,
                             # 0.92 and 1.04 of fixed `ar`)

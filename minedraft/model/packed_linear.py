@@ -15,8 +15,8 @@ Calls of fewer than PACKED_FROM rows keep MKL's own path, which reads the weight
 there and is the fastest (a packed call of 1 or 2 rows took 3-15% longer in the stand-in's
 shapes, and 1.3-1.6x for the bundled target's small layers), so a packed layer holds its
 weight twice. Models whose weights fit in the cache gain nothing measurable (the bundled
-pair: 0.86-1.14 of unpacked per forward at 1 to 320 tokens, one or two threads, in noise) and are left as they
-are (`packing_pays`).
+pair: 0.86-1.14 of unpacked per forward at 1 to 320 tokens, one or two threads, in noise)
+and are left as they are (`packing_pays`).
 """
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def linear_weight_bytes(model: nn.Module) -> int:
 def last_level_cache_bytes() -> int:
     """The largest CPU cache the host reports (Linux sysfs), else UNKNOWN_CACHE_BYTES."""
     sizes = []
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
         text = entry.read_text().strip()
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         try:
             sizes.append(int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
         except (ValueError, IndexError):

@@ -58,8 +58,13 @@ def resolve_model(args: argparse.Namespace, prog: str) -> None:
 def runner_config(args: argparse.Namespace, device: str | None = None) -> RunnerConfig:
     model_path = getattr(args, "model_path", None) or str(resolve_checkpoint(args.model, args.revision))
     device = device or args.device
-    if args.packed_weights == "on" and (not device.startswith("cpu") or args.dtype != "float32"):
-        raise SystemExit(f"--packed-weights on: packed weights are for float32 on CPU, not {args.dtype} on {device}")
+    if args.packed_weights == "on":             # refused before the model loads, by the runner's own rule
+        import torch
+
+        from minedraft.model.packed_linear import packing_available
+        if not packing_available(torch.device(device), getattr(torch, args.dtype)):
+            raise SystemExit(f"--packed-weights on: packed weights are for float32 on CPU with oneDNN, "
+                             f"not {args.dtype} on {device}")
     return RunnerConfig(model_path=model_path, dtype=args.dtype, device=device,
                         block_size=args.block_size, num_blocks=args.num_blocks, num_threads=args.threads,
                         random_weights=args.random_weights, packed_weights=args.packed_weights)
