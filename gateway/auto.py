@@ -46,6 +46,9 @@ MEASURED_ENOUGH_DRAWS = 32  # ... and, for a drafting layout, this many request-
                             # 0.7, 2.2 on average with a spread of 0.9. Where a step takes 140 ms,
                             # one request's 0.3 s holds two of them, whose tokens alone could read
                             # anywhere from half to 1.4 times its rate)
+LUCK_PULL_DRAWS = 128      # request-steps: see AutoPlanner._slowdowns (at k = 4 and acceptance 0.7
+                            # a step gives 2.8 tokens with a spread of 1.5: over 128 of them the
+                            # share strays 5% by chance, over 32 10%)
 SLOWDOWN_PULL = (0.005, 0.05)  # s: the decoding and prefill slowdowns are pulled towards 1 as if
                             # by this much on time (a single prompt's prefill in a spell must not
                             # read as prefill's price)
@@ -116,6 +119,7 @@ class _Spell:
     counted: bool                   # not while a switch settles, nor the first after idling (the
                                     # pipeline refills and drafting catches up: the switch's cost)
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
+    expected: float = 0.0           # ... and what they were expected to deliver at the k they ran
     prompt_tokens: int = 0          # ... and prefilled by them
     batch_sum: int = 0              # ... and the requests they verified (steps with any), for the
     batch_steps: int = 0            # mean batch: a spell is measured against its plan's steps
@@ -131,6 +135,7 @@ class _Measured(NamedTuple):
     prompt_tokens: int
     seconds: float
     draws: int                      # request-steps: the requests its steps verified, summed
+    expected: float                 # the tokens expected at the draft lengths its steps ran
 
 
 def _as_planned(spell: _Spell) -> bool:
@@ -200,16 +205,21 @@ class AutoPlanner:
         self.clock_origin = time.perf_counter()
 
     # ---- measuring -------------------------------------------------------------------------
-    def observe_step(self, layout: str, tokens: int, prompt_tokens: int, batch: int) -> None:
+    def observe_step(self, layout: str, tokens: int, prompt_tokens: int, batch: int,
+                     expected: float | None = None) -> None:
         """A verify step in `layout` came back ("" while the batches are still moving to the
         plan's layout): the tokens it gave its requests (accepted drafts and the target's
-        own), the prompt tokens it prefilled and the requests it verified."""
+        own), the prompt tokens it prefilled and the requests it verified. expected: the
+        tokens its requests were expected to receive at the draft lengths they ran (default:
+        those received), which keeps acceptance's luck apart from the layout's pace (see
+        _slowdowns)."""
         if layout != "ar" or self.plan.layout == "ar":     # (not plain steps on the way to drafting)
             self._steps += 1
         if layout == self.plan.layout and self._settling:
             self._settling -= 1
         if self._spell is not None:
             self._spell.tokens += tokens
+            self._spell.expected += tokens if expected is None else expected
             self._spell.prompt_tokens += prompt_tokens
             if batch:
                 self._spell.batch_sum += batch
@@ -245,13 +255,14 @@ class AutoPlanner:
             return
         if now > spell.since:
             measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,
-                                 now - spell.since, spell.batch_sum)
+                                 now - spell.since, spell.batch_sum, spell.expected)
             self._measured[spell.layout].append(measured)
             if logger.isEnabledFor(logging.DEBUG):
                 decoding, prefill = self._predicted_s(spell.layout, measured, self.costs(), {})
-                logger.debug("auto: %s for %d requests measured %.1f ms for %d tokens and %d prompt tokens; "
-                             "predicted %.1f + %.1f ms", spell.layout, len(spell.draft_lengths), 1e3 * measured.seconds,
-                             spell.tokens, spell.prompt_tokens, 1e3 * decoding, 1e3 * prefill)
+                logger.debug("auto: %s for %d requests measured %.1f ms for %d tokens (%.1f expected) and %d prompt "
+                             "tokens; predicted %.1f + %.1f ms", spell.layout, len(spell.draft_lengths),
+                             1e3 * measured.seconds, spell.tokens, spell.expected, spell.prompt_tokens, 1e3 * decoding,
+                             1e3 * prefill)
 
     def _recent(self, layout: str, since: float | None = None) -> list[_Measured]:
         """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an
@@ -276,8 +287,9 @@ class AutoPlanner:
     def _predicted_s(layout: str, spell: _Measured, costs: StepCosts,
                      step_times: dict[tuple[int, ...], float | None]) -> tuple[float, float]:
         """(decoding, prefill): what the model says now that the spell's work should have
-        taken: its tokens at the rate of its plan's steps, its prompts at the layout's prefill
-        price. Asked of today's model, not the one of the spell's time, so that a layout's
+        taken: the tokens it was expected to give at the rate of its plan's steps (the time
+        its steps should have taken, whatever acceptance's luck), its prompts at the layout's
+        prefill price. Asked of today's model, not the one of the spell's time, so that a layout's
         measured rate stands while the model moves (the lent-core ratio and the fits move
         with every call: plain decoding's prediction swung 235-314 tok/s between plans at
         C = 2 with nothing else changed, and a slowdown read against each spell's own
@@ -286,7 +298,7 @@ class AutoPlanner:
         if spell.draft_lengths not in step_times:
             step_times[spell.draft_lengths] = layout_step_s(layout, costs, spell.draft_lengths)
         step = step_times[spell.draft_lengths]
-        decoding = spell.tokens * step / spell.emitted if step else 0.0
+        decoding = spell.expected * step / spell.emitted if step else 0.0
         return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
     def slowdown(self, layout: str) -> float:
@@ -305,7 +317,16 @@ class AutoPlanner:
         1 by SLOWDOWN_PULL seconds. Kept apart because a wave of prompts priced wrong is a
         wrong prefill price, not slow decoding (one ratio for both let a single wave make plain
         decoding look twice as slow as it decodes); fitted in that order because a wave's
-        spell has almost no decoding to tell the two apart by."""
+        spell has almost no decoding to tell the two apart by.
+        Decoding's is the pace of its steps against their prediction times its tokens' share
+        of what was expected at the draft lengths they ran, that share pulled towards 1 as if
+        LUCK_PULL_DRAWS more request-steps had given just what was expected. A step's tokens
+        are partly chance (1 to k + 1), and the acceptance estimate already prices what
+        acceptance really is; taken whole, a few seconds of one request's bad luck read as
+        the layout's pace: at C = 1 in the memory-bound stand-in, sd read 1.29 from 7 s of
+        it (its steps on time), was left for plain decoding it outran by a quarter, and
+        stayed out for the rest of the run. What acceptance falls short of the estimate
+        for longer still shows."""
         recent = self._recent(layout)
         if not self._enough(layout, recent):
             return 1.0, 1.0
@@ -314,13 +335,17 @@ class AutoPlanner:
         if layout in self._slowdowns_read and self._slowdowns_read[layout][0] == read_from:
             return self._slowdowns_read[layout][1]
         step_times: dict[tuple[int, ...], float | None] = {}
-        predicted = [(*self._predicted_s(layout, spell, costs, step_times), spell.seconds) for spell in recent]
+        predicted = [(*self._predicted_s(layout, spell, costs, step_times), spell.seconds, spell) for spell in recent]
         pull_d, pull_p = SLOWDOWN_PULL
-        decoding = [(d, p, m) for d, p, m in predicted if p <= 0.5 * d]
-        s_d = (sum(m - p for d, p, m in decoding) + pull_d) / (sum(d for d, _, _ in decoding) + pull_d)
-        s_d = min(3.0, max(0.5, s_d))
-        prefilling = [(d, p, m) for d, p, m in predicted if p > 0]
-        s_p = (sum(m - s_d * d for d, _, m in prefilling) + pull_p) / (sum(p for _, p, _ in prefilling) + pull_p)
+        decoding = [row for row in predicted if row[1] <= 0.5 * row[0]]
+        pace = (sum(m - p for _, p, m, _ in decoding) + pull_d) / (sum(d for d, _, _, _ in decoding) + pull_d)
+        pace = min(3.0, max(0.5, pace))
+        expected = sum(spell.expected for _, _, _, spell in decoding)
+        share = sum(spell.tokens for _, _, _, spell in decoding) / expected if expected > 0 else 1.0
+        pull = LUCK_PULL_DRAWS / max(1, sum(spell.draws for _, _, _, spell in decoding))
+        s_d = min(3.0, max(0.5, pace * (1 + pull) / (share + pull)))
+        prefilling = [(d, p, m) for d, p, m, _ in predicted if p > 0]
+        s_p = (sum(m - pace * d for d, _, m in prefilling) + pull_p) / (sum(p for _, p, _ in prefilling) + pull_p)
         self._slowdowns_read[layout] = read_from, (s_d, min(3.0, max(0.5, s_p)))
         return self._slowdowns_read[layout][1]
 
@@ -581,7 +606,8 @@ class AutoPlanner:
             return 0 if self.plan.layout == "ar" else varied
         if self.plan.layout == "ar" or cap == 0:
             return 0                        # (its reach is not worked out for every request every step)
-        return self.plan.draft_length(self.acceptance.reach(req.seq.stats), cap)
+        req.draft_reach = self.acceptance.reach(req.seq.stats)
+        return self.plan.draft_length(req.draft_reach, cap)
 
     @staticmethod
     def _max_draft(req: ActiveRequest, k_cap: int) -> int:

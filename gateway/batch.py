@@ -18,6 +18,9 @@ class DraftedItem:
     request: ActiveRequest
     num_draft: int
     source: int = 0     # index into the step's DraftSource list (when num_draft > 0)
+    # The tokens its step is expected to give (1 + its drafts' reach, as auto chose k by);
+    # None: not estimated (its tokens stand for themselves).
+    expected_tokens: float | None = None
 
 
 @dataclass

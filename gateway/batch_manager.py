@@ -61,6 +61,25 @@ OWN_WINDOW = 8                  # while lending pays, this many plain steps run 
 PLAIN_GAP_S = 1.0               # lent plain steps further apart than this were not one spell of decoding
 
 
+def _expected_tokens(req: ActiveRequest, k: int) -> float | None:
+    """What a step drafting k for the request is expected to give: 1 + its drafts' reach by
+    the acceptance auto chose k by (None where none was: fixed modes)."""
+    return 1.0 + sum(req.draft_reach[:k]) if len(req.draft_reach) >= k else None
+
+
+def _step_expected(items: list[DraftedItem], results: dict[str, engine_pb2.VerifyResult]) -> float:
+    """The tokens a step's requests were expected to receive: each verified as drafted its
+    expectation, any other (plain, or verified without its drafts) the tokens it received."""
+    expected = 0.0
+    for item in items:
+        result = results.get(item.request.request_id)
+        if result is None:
+            continue
+        fits = item.expected_tokens is not None and result.num_draft == item.num_draft
+        expected += item.expected_tokens if fits else len(result.token_ids)
+    return expected
+
+
 class BatchManager:
     def __init__(self, config: BatchManagerConfig, verifier: engine_pb2_grpc.VerifierStub,
                  pool: DrafterPool | None) -> None:
@@ -495,9 +514,9 @@ class BatchManager:
         # layout wants it (after psd, the second batch's last step hands its requests over)
         # and the drafters have caught up with what was verified without them.
         settled = caught_up and self._in_shape()
-        self.planner.observe_step(layout if settled else "", sum(len(r.token_ids) for r in response.results),
-                                  prompt_tokens, batch=len(response.results))
         results = {r.request_id: r for r in response.results}
+        self.planner.observe_step(layout if settled else "", sum(len(r.token_ids) for r in response.results),
+                                  prompt_tokens, batch=len(response.results), expected=_step_expected(items, results))
         accepted = AcceptanceStats()                # this step's, for the metrics
         for item in items:
             req, result = item.request, results.get(item.request.request_id)
@@ -557,7 +576,7 @@ class BatchManager:
         # Each drafter flattens its drafts in the order of its items; the verifier reads them so.
         batch.sources = []
         for source, (drafter, items) in enumerate(by_drafter.items()):
-            drafted.extend(DraftedItem(req, k, source) for req, k in items)
+            drafted.extend(DraftedItem(req, k, source, _expected_tokens(req, k)) for req, k in items)
             batch.sources.append(engine_pb2.DraftSource(drafter_id=drafter.drafter_id, draft_step_id=step_id))
         batch.drafted = drafted
         return drafted, by_drafter

@@ -40,6 +40,7 @@ class ActiveRequest:
     done: bool = False                                       # final event sent
     client_id: str = ""                                      # the id the client knows it by
     max_draft: int | None = None                             # draft tokens a step at most; None = auto, 0 = off
+    draft_reach: tuple[float, ...] = ()                      # auto: the acceptance its latest k was chosen by
     # For latency metrics and the finished-request log line (time.monotonic()).
     arrival_s: float = field(default_factory=time.monotonic)  # built: checked and tokenised
     first_token_s: float | None = None

@@ -111,9 +111,9 @@ def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
     _plan_with(monkeypatch, fixed)
 
     def wrap(observe):
-        def recording(layout, tokens, prompt_tokens, batch=None):
+        def recording(layout, tokens, prompt_tokens, batch=None, expected=None):
             observed.append(layout)
-            observe(layout, tokens, prompt_tokens, batch)
+            observe(layout, tokens, prompt_tokens, batch, expected)
             if observed.count("ar") == after_steps:
                 plan["layout"] = "sd"
         return recording

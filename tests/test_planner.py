@@ -469,7 +469,8 @@ def _measured_spell(planner, requests, layout: str, ended: float, predicted_s: f
     plan = choose_plan(planner.costs(), wanted, K_MAX, layouts=(layout,))
     steps = predicted_s / plan.step_s               # (psd's a cycle: each request once)
     return _Measured(ended, tuple(plan.draft_lengths.values()), plan.decode_tokens_per_s * plan.step_s,
-                     round(plan.decode_tokens_per_s * predicted_s), 0, seconds, round(steps * len(requests)))
+                     round(plan.decode_tokens_per_s * predicted_s), 0, seconds, round(steps * len(requests)),
+                     round(plan.decode_tokens_per_s * predicted_s))
 
 
 @pytest.fixture
@@ -531,6 +532,69 @@ def test_a_drafting_layouts_slowdown_is_read_from_enough_request_steps_not_secon
     planner._measured["sd"].extend(slow_step("sd", at) for at in range(2, auto.MEASURED_ENOUGH_DRAWS))
     assert sum(spell.draws for spell in planner._measured["sd"]) == auto.MEASURED_ENOUGH_DRAWS
     assert planner.slowdown("sd") == pytest.approx(2.0, rel=0.02)
+
+
+@pytest.mark.parametrize("pace, draws, low, high", [(1.0, 32, 1.0, 1.06), (2.0, 32, 2.0, 2.12),
+                                                      (1.0, 2048, 1.3, 1.34)])
+def test_acceptance_luck_weighs_on_a_slowdown_only_as_far_as_its_draws_bear_out(pace, draws, low, high):
+    """sd's spells gave three quarters of the tokens expected at the draft lengths they ran.
+    Over MEASURED_ENOUGH_DRAWS request-steps that is mostly chance (a step gives 1 to k + 1
+    tokens), and the acceptance estimate prices acceptance: the slowdown reads the steps'
+    pace (on time: about 1; twice their prediction: about 2), the shortfall pulled towards
+    nothing by LUCK_PULL_DRAWS. Over thousands of request-steps the shortfall is no luck, and
+    it weighs nearly whole (1 / 0.75)."""
+    from gateway import auto
+    from gateway.auto import _Measured
+
+    planner, one = _long_steps_planner()
+    wanted = [PlanRequest("r0", planner.acceptance.reach(one[0].seq.stats), K_MAX)]
+    plan = choose_plan(planner.costs(), wanted, K_MAX, layouts=("sd",))
+    expected = plan.decode_tokens_per_s * plan.step_s          # tokens a step, at the plan's k
+    spells = min(draws, auto.SPELLS_KEPT)
+    for at in range(spells):
+        steps = draws // spells
+        planner._measured["sd"].append(_Measured(1000.0 + at / 1e3, tuple(plan.draft_lengths.values()), expected,
+                                                 0.75 * steps * expected, 0, pace * steps * plan.step_s, steps,
+                                                 steps * expected))
+    assert sum(spell.draws for spell in planner._measured["sd"]) == draws >= auto.MEASURED_ENOUGH_DRAWS
+    assert low <= planner.slowdown("sd") <= high
+    # The same spells' tokens taken as all that was expected (no estimate at the k they ran),
+    # as before: the shortfall is the layout's, whatever the draws.
+    planner._measured["sd"] = type(planner._measured["sd"])(
+        (spell._replace(expected=spell.tokens) for spell in planner._measured["sd"]),
+        maxlen=planner._measured["sd"].maxlen)
+    planner._slowdowns_read.clear()
+    assert planner.slowdown("sd") == pytest.approx(min(3.0, pace / 0.75), rel=0.02)
+
+
+def test_a_steps_expected_tokens_are_its_requests_reach_at_the_k_they_ran(clock):
+    """What auto expected a step to give: 1 + the reach its k was chosen by, for a request
+    verified with the drafts it was planned; any other (its drafter failed: verified with
+    none; a plain step) counts the tokens it received."""
+    from gateway.batch import DraftedItem
+    from gateway.batch_manager import _expected_tokens, _step_expected
+    from minedraft.v1 import engine_pb2
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(4)]
+    planner.replan(requests, K_MAX)
+    assert planner.plan.layout != "ar"
+    ks = [planner.draft_length(req, K_MAX) for req in requests]
+    assert all(k > 0 for k in ks)
+    assert requests[0].draft_reach == planner.acceptance.reach(requests[0].seq.stats)
+    assert _expected_tokens(requests[0], 2) == pytest.approx(1 + sum(requests[0].draft_reach[:2]))
+    assert _expected_tokens(_active(9), 2) is None                 # no estimate: a fixed mode's request
+    items = [DraftedItem(req, k, 0, _expected_tokens(req, k)) for req, k in zip(requests[:3], ks)]
+    items.append(DraftedItem(requests[3], 0))
+    results = {
+        "r0": engine_pb2.VerifyResult(request_id="r0", token_ids=[5] * (ks[0] + 1), num_draft=ks[0]),
+        "r1": engine_pb2.VerifyResult(request_id="r1", token_ids=[5], num_draft=ks[1]),
+        "r2": engine_pb2.VerifyResult(request_id="r2", token_ids=[5], num_draft=0),     # drafts dropped
+        "r3": engine_pb2.VerifyResult(request_id="r3", token_ids=[5], num_draft=0),
+    }
+    assert _step_expected(items, results) == pytest.approx(items[0].expected_tokens + items[1].expected_tokens + 2)
 
 
 @pytest.mark.parametrize("delivered, chosen", [(1.0, "ar"), (2.0, "sd")])
