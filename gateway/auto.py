@@ -325,8 +325,9 @@ class AutoPlanner:
         acceptance really is; taken whole, a few seconds of one request's bad luck read as
         the layout's pace: at C = 1 in the memory-bound stand-in, sd read 1.29 from 7 s of
         it (its steps on time), was left for plain decoding it outran by a quarter, and
-        stayed out for the rest of the run. What acceptance falls short of the estimate
-        for longer still shows."""
+        stayed out for the rest of the run. A shortfall that lasts still shows, in part
+        where few request-steps are kept: at C = 1, SPELLS_KEPT spells of two steps or so
+        weigh it by half."""
         recent = self._recent(layout)
         if not self._enough(layout, recent):
             return 1.0, 1.0
