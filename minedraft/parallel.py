@@ -19,6 +19,7 @@ connected, and the model is never sharded, so TP=1 costs nothing.
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 
 import torch
@@ -53,10 +54,13 @@ class TPGroup:
 
     @classmethod
     def create(cls, rank: int, size: int, host: str, port: int, backend: str = "gloo",
-               device: torch.device | str = "cpu", timeout_s: float = 600.0) -> TPGroup:
+               device: torch.device | str = "cpu", timeout_s: float = 600.0,
+               listener: socket.socket | None = None) -> TPGroup:
         """Join the group; blocks until all `size` ranks have joined (at most timeout_s).
 
         timeout_s also bounds each collective of the model group. Size 1 connects nothing.
+        listener: rank 0's store socket, already listening on `port` (bound before the other
+        ranks were given the port: see process_groups.listening_socket).
         """
         _check_rank(rank, size)
         device = torch.device(device)
@@ -68,7 +72,10 @@ class TPGroup:
         if size == 1:
             return cls.single(device)
         timeout = timedelta(seconds=timeout_s)
-        store = (master_store(host, port, size, timeout) if rank == 0
+        if listener is not None and (rank != 0 or listener.getsockname()[1] != port):
+            raise ValueError(f"listener: rank 0's socket on port {port}, got rank {rank} and port "
+                             f"{listener.getsockname()[1]}")
+        store = (master_store(host, port, size, timeout, listener=listener) if rank == 0
                  else dist.TCPStore(host, port, world_size=size, is_master=False, timeout=timeout))
         model_group = new_group(dist.PrefixStore("model", store), rank, size, backend, device, timeout)
         control_group = dist.ProcessGroupGloo(dist.PrefixStore("control", store), rank, size,

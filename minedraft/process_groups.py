@@ -10,18 +10,16 @@ import torch
 import torch.distributed as dist
 
 from minedraft.constants import DISTRIBUTED_BACKENDS
+from minedraft.service.network import listening_socket
 
 
 def master_store(host: str, port: int, world_size: int, timeout: timedelta,
-                 wait_for_workers: bool = True) -> dist.TCPStore:
-    """A rendezvous store listening on `host` only (port 0: any free port, `store.port`).
-    TCPStore alone listens on every interface whatever host it is given, so the socket is
-    bound here and handed over: a store for 127.0.0.1 is not reachable from the network."""
-    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host.strip("[]"), port))
-    sock.listen(128)
+                 wait_for_workers: bool = True, listener: socket.socket | None = None) -> dist.TCPStore:
+    """A rendezvous store listening on `host` only (port 0: any free port, `store.port`), or
+    on `listener`, a socket already listening (listening_socket) whose port the workers were
+    given. TCPStore alone listens on every interface whatever host it is given, so the socket
+    is bound here and handed over: a store for 127.0.0.1 is not reachable from the network."""
+    sock = listener if listener is not None else listening_socket(host, port)
     bound = sock.getsockname()[1]
     return dist.TCPStore(host, bound, world_size=world_size, is_master=True, timeout=timeout,
                          wait_for_workers=wait_for_workers, master_listen_fd=sock.detach())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,32 @@ def test_serve_cli_tp2_two_drafters_streams():
         output, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, "".join(lines) + output
     assert "all services stopped" in output
+
+
+def test_local_followers_are_given_the_port_of_a_store_socket_already_bound(monkeypatch):
+    """Without --tp-address the verifier binds rank 0's store socket before it starts the
+    other ranks, and gives them its port: nothing else can take the port in between. Given
+    an address, it binds nothing ahead (rank 0's store binds it when built)."""
+    import verifier_svc.main as verifier_main
+
+    started = []
+    monkeypatch.setattr(verifier_main.subprocess, "Popen", lambda cmd: started.append(cmd) or cmd)
+    args = verifier_main.parse_args(["--tp", "3"])
+    assert args.tp_listener is None and not args.tp_address
+    assert len(verifier_main._spawn_followers(args, ["--tp", "3"])) == 2
+    try:
+        port = args.tp_listener.getsockname()[1]
+        assert args.tp_address == f"127.0.0.1:{port}"
+        for rank, cmd in enumerate(started, start=1):
+            assert cmd[cmd.index("--tp-address") + 1] == args.tp_address
+            assert cmd[cmd.index("--tp-rank") + 1] == str(rank)
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass                                            # listening already: a follower's dial waits
+    finally:
+        args.tp_listener.close()
+    given = verifier_main.parse_args(["--tp", "2", "--tp-address", "127.0.0.1:29511"])
+    verifier_main._spawn_followers(given, ["--tp", "2", "--tp-address", "127.0.0.1:29511"])
+    assert given.tp_listener is None and started[-1][started[-1].index("--tp-address") + 1] == "127.0.0.1:29511"
 
 
 def test_verifier_rank_flags_and_torchrun_environment(monkeypatch):

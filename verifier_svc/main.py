@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from minedraft import bundled
 from minedraft.constants import DATA_PLANES, VERIFIER_PORT, acceptance_rates_valid
 from minedraft.service.flags import add_runner_args, resolve_model, runner_config, service_parser
-from minedraft.service.network import advertised_host, free_port
+from minedraft.service.network import advertised_host, listening_socket
 from minedraft.service.placement import compute_thread, parse_cpus, place_process
 from minedraft.service.runtime import add_log_format_arg, configure_logging, end_with_launcher, run
 from minedraft.service.security import SecurityError, ServerSecurity, add_internal_token_arg, add_server_args
@@ -97,6 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--tp-rank must be in [0, {args.tp}), got {args.tp_rank}")
     if args.tp_rank is not None and args.tp > 1 and not args.tp_address:
         parser.error("--tp-rank needs --tp-address HOST:PORT (rank 0's rendezvous store)")
+    args.tp_listener = None         # rank 0's store socket, where it binds before the other ranks start
     return args
 
 
@@ -145,8 +146,13 @@ def core_lender(args: argparse.Namespace, cpus: str) -> CoreLender | None:
 
 
 def _spawn_followers(args: argparse.Namespace, argv: list[str]) -> list[subprocess.Popen]:
+    """Start ranks 1.. of a local group. Without --tp-address rank 0's store socket is bound
+    first, on any free port, and that port is the one they are given: a port picked free and
+    bound later could be taken in between (the gateway's own gRPC bind once took a port so
+    picked for its HTTP server)."""
     if not args.tp_address:
-        args.tp_address = f"127.0.0.1:{free_port()}"
+        args.tp_listener = listening_socket("127.0.0.1")
+        args.tp_address = f"127.0.0.1:{args.tp_listener.getsockname()[1]}"
     base = [sys.executable, "-m", "verifier_svc", *argv, "--tp", str(args.tp), "--tp-address", args.tp_address]
     return [subprocess.Popen(base + ["--tp-rank", str(rank)]) for rank in range(1, args.tp)]
 
@@ -172,7 +178,8 @@ def _build(args: argparse.Namespace, rank: int):
         tp = TPGroup.single(device)
     else:
         host, _, port = args.tp_address.rpartition(":")
-        tp = TPGroup.create(rank, args.tp, host, int(port), backend=backend, device=device)
+        tp = TPGroup.create(rank, args.tp, host, int(port), backend=backend, device=device,
+                            listener=args.tp_listener if rank == 0 else None)
     config = runner_config(args, device=device)
     verifier = Verifier(ModelRunner(config, tp=tp), synthetic_acceptance=args.synthetic_acceptance)
     return StepExecutor(verifier, tp, lender=lender)
