@@ -60,7 +60,7 @@ class TPGroup:
 
         timeout_s also bounds each collective of the model group. Size 1 connects nothing.
         listener: rank 0's store socket, already listening on `port` (bound before the other
-        ranks were given the port: see process_groups.listening_socket).
+        ranks were given the port: see minedraft.service.network.listening_socket).
         """
         _check_rank(rank, size)
         device = torch.device(device)
