@@ -97,9 +97,10 @@ def test_a_burst_under_a_one_batch_plan_is_split_before_either_batch_steps(plann
     asyncio.run(scenario())
 
 
-def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
+def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str], received: list | None = None):
     """Plain decoding until `after_steps` plain steps came back, then sd; -> the manager's
-    observe_step wrapper to install (it records each step's layout in `observed`)."""
+    observe_step wrapper to install (it records each step's layout in `observed`, and its
+    tokens and the tokens expected of it in `received`)."""
     plan = {"layout": "ar"}
 
     def fixed(costs, requests, k_max, layouts=("ar", "sd", "psd"), **_) -> Plan:
@@ -113,6 +114,8 @@ def _ar_then_sd(monkeypatch, after_steps: int, observed: list[str]):
     def wrap(observe):
         def recording(layout, tokens, prompt_tokens, batch=None, expected=None):
             observed.append(layout)
+            if received is not None:
+                received.append((tokens, expected))
             observe(layout, tokens, prompt_tokens, batch, expected)
             if observed.count("ar") == after_steps:
                 plan["layout"] = "sd"
@@ -166,7 +169,8 @@ def _dear_catch_up() -> CostModel:
 
 def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_switch(monkeypatch):
     observed: list[str] = []
-    wrap = _ar_then_sd(monkeypatch, 6, observed)        # six tokens each, the drafter unaware
+    received: list[tuple[int, float | None]] = []
+    wrap = _ar_then_sd(monkeypatch, 6, observed, received)     # six tokens each, the drafter unaware
     # Where a catch-up does not pay (a catch-up of its own is the next test's), the first
     # drafting step takes every token in.
     monkeypatch.setattr(BatchManager, "_catch_up_pays", lambda self, tokens, batch: False)
@@ -183,6 +187,12 @@ def test_steps_that_catch_the_drafter_up_after_plain_decoding_do_not_settle_the_
         # The first drafted step took in every token so far: it does not count; the next do.
         assert observed[first_sd - 1] == "" and observed[first_sd:first_sd + 3] == ["sd"] * 3
         assert len(drafted) >= 4 and all(item.num_draft == 2 for item in drafted[1].items)
+        # A drafted step is expected to give each request 1 + the reach of its two drafts
+        # (here every draft is accepted, more than any estimate foresees); a plain step what
+        # it gave.
+        assert all(expected == tokens for (tokens, expected), layout in zip(received, observed) if layout == "ar")
+        tokens, expected = received[first_sd + 1]
+        assert tokens == 6 and 2 < expected < 6
 
     asyncio.run(scenario())
 
