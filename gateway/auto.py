@@ -318,8 +318,8 @@ class AutoPlanner:
         wrong prefill price, not slow decoding (one ratio for both let a single wave make plain
         decoding look twice as slow as it decodes); fitted in that order because a wave's
         spell has almost no decoding to tell the two apart by.
-        Decoding's is the pace of its steps against their prediction times its tokens' share
-        of what was expected at the draft lengths they ran, that share pulled towards 1 as if
+        Decoding's is the pace of its steps against their prediction divided by its tokens'
+        share of what was expected at the draft lengths they ran, that share pulled towards 1 as if
         LUCK_PULL_DRAWS more request-steps had given just what was expected. A step's tokens
         are partly chance (1 to k + 1), and the acceptance estimate already prices what
         acceptance really is; taken whole, a few seconds of one request's bad luck read as
