@@ -100,8 +100,9 @@ HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen a
                             # word at about the load it was left at, while requests it was left for
                             # run, for this long, unless measured since (a re-check): at C = 2 the
                             # three layouts' rates, read from spells of 0.2-0.6 s, swung 10-20%
-                            # between plans a fifth of a second apart, and auto went from plain decoding to sd or psd predicted 11% ahead, measured
-                            # them slower, went back, and chose them again half a second later
+                            # between plans a fifth of a second apart, and auto went from plain
+                            # decoding to sd or psd predicted 11% ahead, measured them slower,
+                            # went back, and chose them again half a second later
                             # (3 of 5 runs drafted so for a fifth to half of their steps: 0.86,
                             # 0.92 and 1.04 of fixed `ar`)
 SPELL_BATCH = 1.25          # a spell is measured only if its steps' mean batch is within this factor
@@ -430,8 +431,9 @@ class AutoPlanner:
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
-            if self.plan.layout != "ar" and not self._exploring:      # (setting a layout aside for a
-                self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))  # trial is not leaving it)
+            # (Setting a layout aside for a trial is not leaving it.)
+            if self.plan.layout != "ar" and not self._exploring:
+                self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))
         if requests and not self.cycle_steps:
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
                                  plan.decode_tokens_per_s * plan.step_s, counted=self._steady and not self._settling)

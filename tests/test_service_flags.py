@@ -55,7 +55,8 @@ def test_packed_weights_reach_the_runner_and_on_is_refused_where_it_cannot_be(na
     model = str(tiny_checkpoints["qwen3"])
     assert runner_config(parser.parse_args(["--model", model])).packed_weights == "auto"
     assert runner_config(parser.parse_args(["--model", model, "--packed-weights", "off"])).packed_weights == "off"
-    with pytest.raises(SystemExit, match="--packed-weights on: packed weights are for float32 on CPU with oneDNN, not bfloat16 on cpu"):
+    refusal = "--packed-weights on: packed weights are for float32 on CPU with oneDNN, not bfloat16 on cpu"
+    with pytest.raises(SystemExit, match=refusal):
         runner_config(parser.parse_args(["--model", model, "--packed-weights", "on", "--dtype", "bfloat16"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["--packed-weights", "always"])
