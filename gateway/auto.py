@@ -56,7 +56,13 @@ SETTLE_STEPS = {"ar": 5, "sd": 1, "psd": 2}   # a switch has settled once this m
                             # new layout came back (one per batch in psd; in plain decoding the
                             # two in flight and three more: the first three steps on the lent
                             # cores after drafting took twice their prediction at C = 64, and a
-                            # trial of plain decoding that counted them read it 1.3x slow)
+                            # trial of plain decoding that counted them read it 1.3x slow) ...
+SETTLE_S = {"ar": 0.3, "sd": 0.0, "psd": 0.0}   # ... and this long has passed since it: plain steps
+                            # on the lent cores run slow for a while after drafting, whatever
+                            # their length (layouts rotated every 40 steps, medians over the
+                            # switches: 15-30% slow until 60-70 ms after the switch at C = 2 and
+                            # 15-40% until 190 ms at C = 32; 10% until about 280 ms in an earlier
+                            # run at C = 32), and a trial of plain decoding was read 5-12% slow
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free) ...
@@ -181,7 +187,8 @@ class AutoPlanner:
         # than a re-check).
         self._exploring: tuple[str, float, bool] | None = None
         self._steady = False            # the last plan ran requests (not the first after idling)
-        self._settling = 0              # steps of the new layout still to come back after a switch
+        self._settling = 0              # steps of the new layout still to come back after a switch ...
+        self._settle_until = float("-inf")      # ... and when it has settled at the earliest
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried) ...
         self._settled_for = 0           # ... for this many requests
         self._fewer_since: float | None = None      # when fewer than that began running
@@ -431,12 +438,14 @@ class AutoPlanner:
         switched = plan.layout != self.plan.layout
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
+            self._settle_until = now + SETTLE_S[plan.layout]
             # (Setting a layout aside for a trial is not leaving it.)
             if self.plan.layout != "ar" and not self._exploring:
                 self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))
         if requests and not self.cycle_steps:
+            settled = not self._settling and now >= self._settle_until
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
-                                 plan.decode_tokens_per_s * plan.step_s, counted=self._steady and not self._settling)
+                                 plan.decode_tokens_per_s * plan.step_s, counted=self._steady and settled)
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1

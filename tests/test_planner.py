@@ -1403,6 +1403,37 @@ def test_a_switch_is_not_judged_until_its_layouts_steps_came_back(clock, no_firs
     assert planner.slowdown(layout) == pytest.approx(2.0, rel=0.02)
 
 
+def test_plain_decoding_after_drafting_is_judged_only_once_settled_in_time(clock, no_first_trial_of_sd):
+    """Plain steps on the lent cores run slow for a while after drafting, however short the
+    steps: a spell of plain decoding that begins less than SETTLE_S["ar"] after the switch is
+    not counted, however many of its steps came back; the first one after that is."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    assert planner.replan(requests, K_MAX).layout != "ar"
+    clock[0] += 1.0
+    assert planner.replan(requests, 0).layout == "ar"         # no drafter can draft: plain decoding
+    settle_s = auto.SETTLE_S["ar"]
+    assert settle_s > 0.1
+    spell_s = 0.4 * settle_s
+
+    def spell() -> None:                                       # many steps, each giving a token a request
+        for _ in range(4 * auto.SETTLE_STEPS["ar"]):
+            planner.observe_step("ar", len(requests), 0, len(requests))
+        clock[0] += spell_s
+        planner.replan(requests, 0)
+
+    spell()                                                    # the switch's own spell ...
+    spell()                                                    # ... and those begun 0.4 and 0.8
+    spell()                                                    # of SETTLE_S after it
+    assert not planner._measured["ar"]
+    spell()                                                    # begun 1.2 of it after: counted
+    assert len(planner._measured["ar"]) == 1
+
+
 def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
     """A trial started for eight requests must not run on for the sixteen there are just
     after: a change of a quarter of the requests ends it, and no trial starts while a wave of
