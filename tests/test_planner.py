@@ -326,6 +326,45 @@ def test_the_priors_strength_follows_how_much_requests_differ():
     assert len(pool_of([0.7] * 300)._requests) == AcceptanceEstimate.REQUESTS_KEPT
 
 
+def test_a_fresh_request_priced_hopefully_drafts_as_one_a_standard_deviation_above_the_pool():
+    """Where requests differ (half at 0.9, half at 0.2), a newcomer priced hopefully drafts at
+    the pool's first-draft rate plus the between-request standard deviation, at every position
+    (the pool's deep conditional rates, set by the bad half's many steps, are not its own);
+    before enough requests were measured, with HOPE_UNKNOWN_SPREAD's. Where requests are
+    alike, and for a request measured enough, the hopeful price is the plain one."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    def pool_of(rates: list[float], seed: int = 0) -> AcceptanceEstimate:
+        rng, estimate = random.Random(seed), AcceptanceEstimate(k_max=4)
+        for rate in rates:
+            stats = AcceptanceStats()
+            for _ in range(15):
+                estimate.record(stats, 1, int(rng.random() < rate))
+        return estimate
+
+    differ = pool_of([0.9, 0.2] * 50)
+    mean, spread = differ.pool_reach()[0], differ.spread()
+    assert mean == pytest.approx(0.55, abs=0.03) and spread ** 0.5 == pytest.approx(0.35, abs=0.04)
+    hope = mean + spread ** 0.5
+    newcomer = AcceptanceStats()
+    assert differ.reach(newcomer, hopeful=True) == pytest.approx(tuple(hope ** j for j in range(1, 5)))
+    assert differ.reach(newcomer) == pytest.approx(differ.pool_reach())
+    measured = AcceptanceStats()
+    for _ in range(AcceptanceEstimate.MIN_REQUEST_STEPS):
+        measured.record(1, 0)
+    assert not differ.fresh(measured) and differ.fresh(newcomer)
+    assert differ.reach(measured, hopeful=True) == differ.reach(measured)
+
+    alike = pool_of([0.7] * 100)
+    assert alike.spread() < 0.01
+    assert alike.reach(newcomer, hopeful=True)[0] == pytest.approx(alike.reach(newcomer)[0], abs=0.1)
+
+    few = pool_of([0.5] * (AcceptanceEstimate.MIN_REQUESTS - 1))
+    assert few.spread() == AcceptanceEstimate.HOPE_UNKNOWN_SPREAD
+    assert few.reach(newcomer, hopeful=True)[0] == pytest.approx(few.pool_reach()[0] + (1 / 12) ** 0.5)
+
+
 def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
     """Only short drafts so far, each accepted with 0.9 given the one before: the deep
     positions are predicted from that rate, not from a fixed pessimistic guess (which would
@@ -1432,6 +1471,64 @@ def test_plain_decoding_after_drafting_is_judged_only_once_settled_in_time(clock
     assert not planner._measured["ar"]
     spell()                                                    # begun 1.2 of it after: counted
     assert len(planner._measured["ar"]) == 1
+
+
+def _pool_of_good_and_bad(planner, good: float = 0.9, bad: float = 0.1) -> None:
+    """The planner's acceptance estimate as after 16 requests, half drafting well and half badly."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+    from minedraft.metrics import AcceptanceStats
+
+    rng, planner.acceptance = random.Random(0), AcceptanceEstimate(K_MAX)
+    for rate in [good, bad] * 8:
+        stats = AcceptanceStats()
+        for _ in range(8):
+            planner.acceptance.record(stats, K_MAX, next((j for j in range(K_MAX) if rng.random() >= rate), K_MAX))
+
+
+def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_would_never_measure_it(clock, no_trials):
+    """Half the pool drafts at 0.9 and half at 0.1: priced at the pool's mean, sd is level with
+    plain decoding for a newcomer, which plain decoding never measures. Priced hopefully, sd is
+    well ahead: the newcomer drafts until its own record tells (MIN_REQUEST_STEPS steps), and
+    the plan then follows it: back to plain decoding for a bad one, sd for a good one. The
+    trial's spells are not counted. Where requests are alike there is no trial."""
+    from gateway.acceptance_estimate import AcceptanceEstimate
+
+    costs = StepCosts(draft_per_forward=0.01, draft_per_token=0.001, draft_fixed=0.0,
+                      verify_fixed=0.1, verify_per_token=0.05, gateway_per_step=0.001)
+    planner = _planner_with(costs)
+    _pool_of_good_and_bad(planner)
+
+    def trial_then(accepted: int) -> str:
+        request = _active(len(planner.history))
+        plan = planner.replan([request], K_MAX)
+        assert plan.layout == "sd" and planner.history[-1].trying == "sd"
+        assert plan.considered["sd"] < auto_margin() * plan.considered["ar"]    # at the pool's mean: not enough
+        assert planner.draft_length(request, K_MAX) == plan.draft_lengths[request.request_id] >= 2
+        assert request.draft_reach == planner.acceptance.reach(request.seq.stats, hopeful=True)    # k at the hope
+        for _ in range(AcceptanceEstimate.MIN_REQUEST_STEPS):
+            clock[0] += 0.25
+            planner.acceptance.record(request.seq.stats, K_MAX, accepted)
+            planner.observe_step("sd", 1 + accepted, 0, 1, expected=1.0 + accepted)
+            planner.replan([request], K_MAX)
+        assert not planner.acceptance.fresh(request.seq.stats)
+        return planner.plan.layout
+
+    assert trial_then(accepted=0) == "ar"
+    assert planner.request_trials == 1
+    assert not planner._measured["sd"]              # the trial's spells: not the layout's pace
+    clock[0] += 1.0
+    assert trial_then(accepted=K_MAX) == "sd"
+    assert planner.request_trials == 2
+
+    alike = _planner_with(costs)
+    _pool_of_good_and_bad(alike, good=0.5, bad=0.5)
+    assert alike.replan([_active(0)], K_MAX).layout == "ar" and alike.request_trials == 0
+
+
+def auto_margin() -> float:
+    from gateway import auto
+
+    return auto.SWITCH_MARGIN
 
 
 def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
