@@ -22,8 +22,7 @@ few steps came and went, and auto left sd, ahead, within seconds of each try.)
 
 A request that has drafted little can be priced hopefully (`reach(..., hopeful=True)`): as one
 whose drafts are accepted at the rate of a request one between-request standard deviation
-above the pool's (HOPE_UNKNOWN_SPREAD's worth until enough requests were measured to tell
-the spread).
+above the requests' mean (`hope`).
 Auto mode's planner gives such requests a short trial of drafting where that price says it
 pays and the plain decoding it would otherwise choose leaves them unmeasured: plain decoding
 tells nothing of a request's acceptance, so where requests differ (half drafted well, half
@@ -54,9 +53,9 @@ class AcceptanceEstimate:
     MIN_REQUESTS = 8        # ... once this many of them drafted at least MIN_REQUEST_STEPS times
     MIN_REQUEST_STEPS = 4
     MAX_STRENGTH = 64.0     # pseudo-steps at most, however alike the requests
-    HOPE_UNKNOWN_SPREAD = 1 / 12    # the between-request variance of first-draft acceptance
-                                    # taken while too few requests were measured to tell it
-                                    # (rates spread evenly over [0, 1])
+    HOPE_UNKNOWN_SPREAD = 1 / 12    # the between-request variance and mean of first-draft
+    HOPE_UNKNOWN_MEAN = 0.5         # acceptance taken while too few requests were measured to
+                                    # tell them (rates spread evenly over [0, 1])
 
     def __init__(self, k_max: int, prior_strength: float = 4.0, initial_rate: float = 0.7) -> None:
         """prior_strength: the prior's least strength, and its strength until enough requests
@@ -68,7 +67,8 @@ class AcceptanceEstimate:
         self._requests: dict[int, AcceptanceStats] = {}     # the latest, by identity (held: ids stay unique)
         self._pool_reach: tuple[float, ...] | None = None   # until the pool's next step ...
         self._strength: float | None = None                 # ... and so is this ...
-        self._spread: float | None = None                   # ... and the between-request variance
+        self._spread: float | None = None                   # ... and the between-request variance ...
+        self._hope: float | None = None                     # ... and the hopeful rate (see hope)
 
     def record(self, stats: AcceptanceStats, num_drafted: int, num_accepted: int) -> None:
         """One verified step of a request: counted in its own stats and in the pool's."""
@@ -81,39 +81,52 @@ class AcceptanceEstimate:
         self._pool_reach = None
         self._strength = None
         self._spread = None
+        self._hope = None
 
     def strength(self) -> float:
         """The prior's strength in pseudo-steps (see the module's docstring). Worked out once
         per step of the pool, as its reach is."""
         if self._strength is None:
-            self._strength, self._spread = self._measure_strength()
+            self._strength, self._spread, self._hope = self._measure_strength()
         return self._strength
 
     def spread(self) -> float:
         """The variance of first-draft acceptance between requests (HOPE_UNKNOWN_SPREAD until
         MIN_REQUESTS were measured; 0 where they are all alike)."""
         if self._spread is None:
-            self._strength, self._spread = self._measure_strength()
+            self._strength, self._spread, self._hope = self._measure_strength()
         return self._spread
 
-    def _measure_strength(self) -> tuple[float, float]:
-        """-> (the prior's strength, the between-request variance)."""
+    def hope(self) -> float:
+        """The first-draft rate of a request one between-request standard deviation above the
+        requests' mean, each request weighing one rather than by its steps: a request drafted
+        badly takes more steps to its end, and where half the requests drafted at 0.9 and half
+        at 0.1 the pool's own rate read 0.27. Until MIN_REQUESTS were measured, of rates spread
+        evenly (HOPE_UNKNOWN_MEAN + sqrt(HOPE_UNKNOWN_SPREAD), 0.79)."""
+        if self._hope is None:
+            self._strength, self._spread, self._hope = self._measure_strength()
+        return self._hope
+
+    def _measure_strength(self) -> tuple[float, float, float]:
+        """-> (the prior's strength, the between-request variance, the hopeful rate)."""
         counts = [(s.accepted_at[0], s.drafted_at[0]) for s in self._requests.values()
                   if s.drafted_at and s.drafted_at[0] >= self.MIN_REQUEST_STEPS]
         if len(counts) < self.MIN_REQUESTS:
-            return self.prior_strength, self.HOPE_UNKNOWN_SPREAD
+            return self.prior_strength, self.HOPE_UNKNOWN_SPREAD, self.HOPE_UNKNOWN_MEAN + self.HOPE_UNKNOWN_SPREAD ** 0.5
         steps = sum(n for _, n in counts)
         mean = sum(x for x, _ in counts) / steps
+        per_request = sum(x / n for x, n in counts) / len(counts)
         if not 0.0 < mean < 1.0:
-            return self.MAX_STRENGTH, 0.0
+            return self.MAX_STRENGTH, 0.0, per_request
         # Method of moments: the steps-weighted scatter of the requests' rates about the mean
         # is (requests - 1) * mean (1 - mean) from their counts alone, plus the spread between
         # requests times (steps - sum(n^2) / steps).
         scatter = sum(n * (x / n - mean) ** 2 for x, n in counts)
         spread = (scatter - (len(counts) - 1) * mean * (1 - mean)) / (steps - sum(n * n for _, n in counts) / steps)
         if spread <= 0.0:
-            return self.MAX_STRENGTH, 0.0
-        return min(self.MAX_STRENGTH, max(self.prior_strength, mean * (1 - mean) / spread - 1)), spread
+            return self.MAX_STRENGTH, 0.0, per_request
+        strength = min(self.MAX_STRENGTH, max(self.prior_strength, mean * (1 - mean) / spread - 1))
+        return strength, spread, min(1.0, per_request + spread ** 0.5)
 
     def fresh(self, stats: AcceptanceStats) -> bool:
         """Whether the request has drafted too little for its own record to tell its rate
@@ -147,13 +160,12 @@ class AcceptanceEstimate:
 
     def reach(self, stats: AcceptanceStats, hopeful: bool = False) -> tuple[float, ...]:
         """[j]: the request's estimated P(drafts 1..j+1 all accepted), non-increasing.
-        hopeful: a fresh request pulled towards one that drafts at the rate `hope` of a request
-        one between-request standard deviation above the pool's first-draft rate, at every
-        position (where the pool's own conditional rate there is lower: in a pool of good and
-        bad requests the bad ones' many steps set it, and its deep positions are extrapolated
-        from its first)."""
+        hopeful: a fresh request pulled towards one whose drafts are accepted at the rate of
+        `hope()` at every position (where the pool's own rates are lower: in a pool of good
+        and bad requests the bad ones' many steps set them, and its deep positions are
+        extrapolated from its first)."""
         prior, strength = self.pool_reach(), self.strength()
-        hope = min(1.0, prior[0] + self.spread() ** 0.5) if hopeful and self.fresh(stats) else 0.0
+        hope = self.hope() if hopeful and self.fresh(stats) else 0.0
         out: list[float] = []
         for j in range(self.k_max):
             drafted = stats.drafted_at[j] if j < len(stats.drafted_at) else 0

@@ -204,7 +204,8 @@ class AutoPlanner:
         self._recheck_load = 0                          # requests running when those were reset
         self.explorations = 0
         self.request_trials = 0         # trials of drafting for fresh requests on a hopeful price ...
-        self._trying_requests = False   # ... and whether the plan in force is one (see _hopeful_plan)
+        # ... and the one in force: (until when at most, the requests it was begun for).
+        self._request_trial: tuple[float, frozenset[str]] | None = None
         self._started = time.monotonic()
         self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
         self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
@@ -434,14 +435,14 @@ class AutoPlanner:
                 plan = choose_plan(self.costs(), wanted, k_cap, layouts=(stay,), slowdown=slowdown,
                                    prefill_slowdown=prefill_slowdown, **switching)
                 plan = replace(plan, considered=best.considered)
-            was_trying_requests, self._trying_requests = self._trying_requests, False
+            trial, self._request_trial = self._request_trial, None
             if plan.layout == "ar" and not moved and trying is None and self._fewer_since is None:
-                hopeful = self._hopeful_plan(requests, k_cap, plan, best.considered, slowdown, prefill_slowdown,
-                                             switching)
-                if hopeful is not None:
+                found = self._hopeful_plan(requests, k_cap, plan, best.considered, trial, now, slowdown=slowdown,
+                                           prefill_slowdown=prefill_slowdown, **switching)
+                if found is not None:
+                    hopeful, self._request_trial = found
                     plan, trying = replace(hopeful, considered=best.considered), hopeful.layout
-                    self._trying_requests = True
-                    self.request_trials += not was_trying_requests
+                    self.request_trials += self._request_trial is not trial
             self.history.append(generation_pb2.PlanDecision(
                 at_s=time.perf_counter() - self.clock_origin, layout=plan.layout, trying=trying or "",
                 requests=len(requests), layout_tokens_per_s=best.considered))
@@ -453,7 +454,7 @@ class AutoPlanner:
             if self.plan.layout != "ar" and not self._exploring:
                 self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))
         if requests and not self.cycle_steps:
-            settled = not self._settling and now >= self._settle_until and not self._trying_requests
+            settled = not self._settling and now >= self._settle_until and self._request_trial is None
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
                                  plan.decode_tokens_per_s * plan.step_s, counted=self._steady and settled)
         self._steady = bool(requests)
@@ -463,7 +464,7 @@ class AutoPlanner:
                         self.plan.layout, plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
                         {k: tuple(round(x, 2) for x in self._slowdowns(k)) for k in LAYOUTS},
                         f"; trying {self._exploring[0]}" if self._exploring
-                        else "; trying it for requests not yet measured" if self._trying_requests else "")
+                        else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
         return plan
 
@@ -629,33 +630,42 @@ class AutoPlanner:
             return 0 if self.plan.layout == "ar" else varied
         if self.plan.layout == "ar" or cap == 0:
             return 0                        # (its reach is not worked out for every request every step)
-        req.draft_reach = self.acceptance.reach(req.seq.stats, hopeful=self._trying_requests)
+        req.draft_reach = self.acceptance.reach(req.seq.stats, hopeful=self._request_trial is not None)
         return self.plan.draft_length(req.draft_reach, cap)
 
     def _hopeful_plan(self, requests: list[ActiveRequest], k_cap: int, plain: Plan, considered: dict[str, float],
-                      slowdown: dict[str, float], prefill_slowdown: dict[str, float], switching: dict) -> Plan | None:
+                      trial: tuple[float, frozenset[str]] | None, now: float,
+                      **planning) -> tuple[Plan, tuple[float, frozenset[str]]] | None:
         """A trial of drafting for the fresh requests, where the plan is plain decoding, which
         would never measure them (AcceptanceEstimate.fresh): the best drafting layout with them
         priced hopefully, if that is predicted SWITCH_MARGIN faster than `plain` and the hope
         is what puts it there (at its price as `considered`, the layout was not: one chosen
-        against for other reasons, say held back, stays so); else None.
-        It lasts while they are fresh (a few drafting steps each) and its spells are not
-        counted: what it delivers is the hope's error, not the layout's pace. In the
+        against for other reasons, say held back, stays so); -> (that plan, the trial: until
+        when at most, for which requests), or None.
+        Once begun (`trial`), it goes on while any request it was begun for is fresh, for
+        the time of 2 * MIN_REQUEST_STEPS of its steps at most (EXPLORE_MAX_S at least): a
+        request drafted badly would otherwise leave it after a step or two, never measured,
+        and the requests measured, the good ones alone, would read as alike. Its spells are
+        not counted: what it delivers is the hope's error, not the layout's pace. In the
         memory-bound stand-in at C = 1, half the requests drafted at 0.9 and half at 0.1:
         the pool's mean put sd level with plain decoding for every newcomer, auto decoded
         plainly throughout, and sd would have drafted the good half about twice as fast."""
-        fresh = [r for r in requests if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats)]
+        fresh = frozenset(r.request_id for r in requests
+                          if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats))
         if not fresh:
             return None
         wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=True), self._max_draft(r, k_cap))
                   for r in requests]
-        drafting = tuple(layout for layout in LAYOUTS if layout != "ar")
-        hopeful = choose_plan(self.costs(), wanted, k_cap, layouts=drafting, slowdown=slowdown,
-                              prefill_slowdown=prefill_slowdown, **switching)
-        enough = SWITCH_MARGIN * plain.tokens_per_s
-        if hopeful.layout == "ar" or hopeful.tokens_per_s < enough or considered.get(hopeful.layout, 0.0) >= enough:
+        hopeful = choose_plan(self.costs(), wanted, k_cap, layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
+        if hopeful.layout == "ar":
             return None
-        return hopeful
+        if trial is not None and now < trial[0] and fresh & trial[1]:
+            return hopeful, trial
+        enough = SWITCH_MARGIN * plain.tokens_per_s
+        if hopeful.tokens_per_s < enough or considered.get(hopeful.layout, 0.0) >= enough:
+            return None
+        steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
+        return hopeful, (now + max(EXPLORE_MAX_S, steps_s), fresh)
 
     @staticmethod
     def _max_draft(req: ActiveRequest, k_cap: int) -> int:

@@ -326,27 +326,29 @@ def test_the_priors_strength_follows_how_much_requests_differ():
     assert len(pool_of([0.7] * 300)._requests) == AcceptanceEstimate.REQUESTS_KEPT
 
 
-def test_a_fresh_request_priced_hopefully_drafts_as_one_a_standard_deviation_above_the_pool():
+def test_a_fresh_request_priced_hopefully_drafts_as_one_a_standard_deviation_above_the_requests():
     """Where requests differ (half at 0.9, half at 0.2), a newcomer priced hopefully drafts at
-    the pool's first-draft rate plus the between-request standard deviation, at every position
-    (the pool's deep conditional rates, set by the bad half's many steps, are not its own);
-    before enough requests were measured, with HOPE_UNKNOWN_SPREAD's. Where requests are
-    alike, and for a request measured enough, the hopeful price is the plain one."""
+    the requests' mean first-draft rate plus the between-request standard deviation, at every
+    position (the pool's deep conditional rates, set by the bad half's many steps, are not its
+    own); the mean weighs each request once, not by its steps (the bad half takes more steps
+    to its end). Before enough requests were measured, rates are taken as spread evenly. Where
+    requests are alike, and for a request measured enough, the hopeful price is the plain one."""
     from gateway.acceptance_estimate import AcceptanceEstimate
     from minedraft.metrics import AcceptanceStats
 
-    def pool_of(rates: list[float], seed: int = 0) -> AcceptanceEstimate:
+    def pool_of(rates: list[float], seed: int = 0, steps=lambda rate: 15) -> AcceptanceEstimate:
         rng, estimate = random.Random(seed), AcceptanceEstimate(k_max=4)
         for rate in rates:
             stats = AcceptanceStats()
-            for _ in range(15):
+            for _ in range(steps(rate)):
                 estimate.record(stats, 1, int(rng.random() < rate))
         return estimate
 
     differ = pool_of([0.9, 0.2] * 50)
     mean, spread = differ.pool_reach()[0], differ.spread()
     assert mean == pytest.approx(0.55, abs=0.03) and spread ** 0.5 == pytest.approx(0.35, abs=0.04)
-    hope = mean + spread ** 0.5
+    hope = differ.hope()
+    assert hope == pytest.approx(mean + spread ** 0.5, abs=0.01)        # (every request took 15 steps)
     newcomer = AcceptanceStats()
     assert differ.reach(newcomer, hopeful=True) == pytest.approx(tuple(hope ** j for j in range(1, 5)))
     assert differ.reach(newcomer) == pytest.approx(differ.pool_reach())
@@ -360,9 +362,14 @@ def test_a_fresh_request_priced_hopefully_drafts_as_one_a_standard_deviation_abo
     assert alike.spread() < 0.01
     assert alike.reach(newcomer, hopeful=True)[0] == pytest.approx(alike.reach(newcomer)[0], abs=0.1)
 
-    few = pool_of([0.5] * (AcceptanceEstimate.MIN_REQUESTS - 1))
+    bad_last_longer = pool_of([0.9, 0.1] * 8, steps=lambda rate: 5 if rate > 0.5 else 20)
+    step_weighted = bad_last_longer.pool_reach()[0]
+    assert step_weighted < 0.35
+    assert bad_last_longer.hope() > step_weighted + bad_last_longer.spread() ** 0.5 + 0.15
+
+    few = pool_of([0.3] * (AcceptanceEstimate.MIN_REQUESTS - 1))
     assert few.spread() == AcceptanceEstimate.HOPE_UNKNOWN_SPREAD
-    assert few.reach(newcomer, hopeful=True)[0] == pytest.approx(few.pool_reach()[0] + (1 / 12) ** 0.5)
+    assert few.reach(newcomer, hopeful=True)[0] == pytest.approx(0.5 + (1 / 12) ** 0.5)
 
 
 def test_positions_rarely_drafted_are_extrapolated_from_those_measured():
@@ -1486,9 +1493,10 @@ def _pool_of_good_and_bad(planner, good: float = 0.9, bad: float = 0.1) -> None:
 
 
 def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_would_never_measure_it(clock, no_trials):
-    """Half the pool drafts at 0.9 and half at 0.1: priced at the pool's mean, sd is level with
+    """Half the pool drafts at 0.9 and half at 0.1: priced at the pool's mean, sd is behind
     plain decoding for a newcomer, which plain decoding never measures. Priced hopefully, sd is
-    well ahead: the newcomer drafts until its own record tells (MIN_REQUEST_STEPS steps), and
+    well ahead: the newcomer drafts until its own record tells (MIN_REQUEST_STEPS steps, a bad
+    one too, though its first rejections soon take its hopeful price below the margin), and
     the plan then follows it: back to plain decoding for a bad one, sd for a good one. The
     trial's spells are not counted. Where requests are alike there is no trial."""
     from gateway.acceptance_estimate import AcceptanceEstimate
@@ -1506,6 +1514,7 @@ def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_wou
         assert planner.draft_length(request, K_MAX) == plan.draft_lengths[request.request_id] >= 2
         assert request.draft_reach == planner.acceptance.reach(request.seq.stats, hopeful=True)    # k at the hope
         for _ in range(AcceptanceEstimate.MIN_REQUEST_STEPS):
+            assert planner.plan.layout == "sd"          # the trial goes on while the request is fresh
             clock[0] += 0.25
             planner.acceptance.record(request.seq.stats, K_MAX, accepted)
             planner.observe_step("sd", 1 + accepted, 0, 1, expected=1.0 + accepted)
