@@ -101,7 +101,7 @@ class AcceptanceEstimate:
         """The first-draft rate of a request one between-request standard deviation above the
         requests' mean, each request weighing one rather than by its steps: a request drafted
         badly takes more steps to its end, and where half the requests drafted at 0.9 and half
-        at 0.1 the pool's own rate read 0.27. Until MIN_REQUESTS were measured, of rates spread
+        at 0.1 the pool's own rate read 0.32. Until MIN_REQUESTS were measured, of rates spread
         evenly (HOPE_UNKNOWN_MEAN + sqrt(HOPE_UNKNOWN_SPREAD), 0.79)."""
         if self._hope is None:
             self._strength, self._spread, self._hope = self._measure_strength()

@@ -70,6 +70,8 @@ TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a d
                             # costs one step's drain and no catch-up, and plain decoding is what
                             # auto must never lose to (kept on the 10% margin, psd ran at 0.89
                             # of plain decoding for the rest of a run at C = 8)
+TRIAL_MARGIN = 1.25         # drafting for requests not yet measured must be predicted this much
+                            # faster than plain decoding at their hopeful price (see _hopeful_plan)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
 FIRST_EXPLORE_WITHIN = 0.6      # ... from this close while it was never measured (early in a run)
@@ -638,9 +640,9 @@ class AutoPlanner:
                       **planning) -> tuple[Plan, tuple[float, frozenset[str]]] | None:
         """A trial of drafting for the fresh requests, where the plan is plain decoding, which
         would never measure them (AcceptanceEstimate.fresh): the best drafting layout with them
-        priced hopefully, if that is predicted SWITCH_MARGIN faster than `plain` and the hope
-        is what puts it there (at its price as `considered`, the layout was not: one chosen
-        against for other reasons, say held back, stays so); -> (that plan, the trial: until
+        priced hopefully, if that is predicted TRIAL_MARGIN faster than `plain` and the hope
+        is what puts it there (at its price as `considered`, the layout was not SWITCH_MARGIN
+        faster: one chosen against for other reasons, say held back, stays so); -> (that plan, the trial: until
         when at most, for which requests), or None.
         Once begun (`trial`), it goes on while any request it was begun for is fresh, for
         the time of 2 * MIN_REQUEST_STEPS of its steps at most (EXPLORE_MAX_S at least): a
@@ -649,7 +651,11 @@ class AutoPlanner:
         not counted: what it delivers is the hope's error, not the layout's pace. In the
         memory-bound stand-in at C = 1, half the requests drafted at 0.9 and half at 0.1:
         the pool's mean put sd level with plain decoding for every newcomer, auto decoded
-        plainly throughout, and sd would have drafted the good half about twice as fast."""
+        plainly throughout, and sd would have drafted the good half about twice as fast.
+        The margin is wide because a trial's gain is the hope's, a standard deviation's worth:
+        on the bundled pair, whose requests differ little, psd and plain decoding within 5% of
+        each other at C = 2 and 4, a trial at SWITCH_MARGIN began for nearly every new request
+        (every 0.4-0.6 s) and auto fell from 1.08 to 0.91 of the best fixed setting at C = 4."""
         fresh = frozenset(r.request_id for r in requests
                           if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats))
         if not fresh:
@@ -661,8 +667,8 @@ class AutoPlanner:
             return None
         if trial is not None and now < trial[0] and fresh & trial[1]:
             return hopeful, trial
-        enough = SWITCH_MARGIN * plain.tokens_per_s
-        if hopeful.tokens_per_s < enough or considered.get(hopeful.layout, 0.0) >= enough:
+        if (hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
+                or considered.get(hopeful.layout, 0.0) >= SWITCH_MARGIN * plain.tokens_per_s):
             return None
         steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
         return hopeful, (now + max(EXPLORE_MAX_S, steps_s), fresh)

@@ -1492,13 +1492,16 @@ def _pool_of_good_and_bad(planner, good: float = 0.9, bad: float = 0.1) -> None:
             planner.acceptance.record(stats, K_MAX, next((j for j in range(K_MAX) if rng.random() >= rate), K_MAX))
 
 
-def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_would_never_measure_it(clock, no_trials):
+def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_would_never_measure_it(clock, no_trials,
+                                                                                                    monkeypatch):
     """Half the pool drafts at 0.9 and half at 0.1: priced at the pool's mean, sd is behind
     plain decoding for a newcomer, which plain decoding never measures. Priced hopefully, sd is
     well ahead: the newcomer drafts until its own record tells (MIN_REQUEST_STEPS steps, a bad
     one too, though its first rejections soon take its hopeful price below the margin), and
     the plan then follows it: back to plain decoding for a bad one, sd for a good one. The
-    trial's spells are not counted. Where requests are alike there is no trial."""
+    trial's spells are not counted. Where requests are alike there is no trial, nor where the
+    hope does not put drafting TRIAL_MARGIN ahead."""
+    from gateway import auto
     from gateway.acceptance_estimate import AcceptanceEstimate
 
     costs = StepCosts(draft_per_forward=0.01, draft_per_token=0.001, draft_fixed=0.0,
@@ -1532,6 +1535,11 @@ def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_wou
     alike = _planner_with(costs)
     _pool_of_good_and_bad(alike, good=0.5, bad=0.5)
     assert alike.replan([_active(0)], K_MAX).layout == "ar" and alike.request_trials == 0
+
+    monkeypatch.setattr(auto, "TRIAL_MARGIN", 10.0)
+    differ = _planner_with(costs)
+    _pool_of_good_and_bad(differ)
+    assert differ.replan([_active(0)], K_MAX).layout == "ar" and differ.request_trials == 0
 
 
 def auto_margin() -> float:
