@@ -104,8 +104,10 @@ def test_the_plan_and_the_cost_model_are_visible(planning, prompts, reference):
     assert set(plan["layout_tokens_per_s"]) <= set(LAYOUTS) and plan["layout_tokens_per_s"]
     assert len(plan["acceptance_reach"]) == K_MAX
     assert 4.0 <= plan["acceptance_prior_strength"] <= 64.0
-    spread = plan.get("acceptance_spread", 0.0)        # (a variance of rates in [0, 1]: 0.25 at most;
-    assert 0.0 <= spread <= 0.25 and (spread > 0 or plan["acceptance_prior_strength"] == 64.0)   # 0: alike)
+    # The spread is a variance of rates in [0, 1] (0.25 at most), 0 only where requests are
+    # alike, and then the prior is at its strongest.
+    spread = plan.get("acceptance_spread", 0.0)
+    assert 0.0 <= spread <= 0.25 and (spread > 0 or plan["acceptance_prior_strength"] == 64.0)
     for slowdowns in (plan["layout_slowdown"], plan["layout_prefill_slowdown"]):
         assert set(slowdowns) == set(LAYOUTS) and all(0.5 <= v <= 3.0 for v in slowdowns.values())
     assert model["prompt_per_output"] > 0                        # 16 prompts of several tokens each
