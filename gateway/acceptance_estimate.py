@@ -66,9 +66,8 @@ class AcceptanceEstimate:
         self.pool = AcceptanceStats()
         self._requests: dict[int, AcceptanceStats] = {}     # the latest, by identity (held: ids stay unique)
         self._pool_reach: tuple[float, ...] | None = None   # until the pool's next step ...
-        self._strength: float | None = None                 # ... and so is this ...
-        self._spread: float | None = None                   # ... and the between-request variance ...
-        self._hope: float | None = None                     # ... and the hopeful rate (see hope)
+        self._prior: tuple[float, float, float] | None = None   # ... and so are its strength, the
+                                                                # spread and the hope (_measure_prior)
 
     def record(self, stats: AcceptanceStats, num_drafted: int, num_accepted: int) -> None:
         """One verified step of a request: counted in its own stats and in the pool's."""
@@ -79,23 +78,17 @@ class AcceptanceEstimate:
             if len(self._requests) > self.REQUESTS_KEPT:
                 del self._requests[next(iter(self._requests))]
         self._pool_reach = None
-        self._strength = None
-        self._spread = None
-        self._hope = None
+        self._prior = None
 
     def strength(self) -> float:
         """The prior's strength in pseudo-steps (see the module's docstring). Worked out once
         per step of the pool, as its reach is."""
-        if self._strength is None:
-            self._strength, self._spread, self._hope = self._measure_strength()
-        return self._strength
+        return self._measured_prior()[0]
 
     def spread(self) -> float:
         """The variance of first-draft acceptance between requests (HOPE_UNKNOWN_SPREAD until
         MIN_REQUESTS were measured; 0 where they are all alike)."""
-        if self._spread is None:
-            self._strength, self._spread, self._hope = self._measure_strength()
-        return self._spread
+        return self._measured_prior()[1]
 
     def hope(self) -> float:
         """The first-draft rate of a request one between-request standard deviation above the
@@ -103,16 +96,20 @@ class AcceptanceEstimate:
         badly takes more steps to its end, and where half the requests drafted at 0.9 and half
         at 0.1 the pool's own rate read 0.32. Until MIN_REQUESTS were measured, of rates spread
         evenly (HOPE_UNKNOWN_MEAN + sqrt(HOPE_UNKNOWN_SPREAD), 0.79)."""
-        if self._hope is None:
-            self._strength, self._spread, self._hope = self._measure_strength()
-        return self._hope
+        return self._measured_prior()[2]
 
-    def _measure_strength(self) -> tuple[float, float, float]:
+    def _measured_prior(self) -> tuple[float, float, float]:
+        if self._prior is None:
+            self._prior = self._measure_prior()
+        return self._prior
+
+    def _measure_prior(self) -> tuple[float, float, float]:
         """-> (the prior's strength, the between-request variance, the hopeful rate)."""
         counts = [(s.accepted_at[0], s.drafted_at[0]) for s in self._requests.values()
                   if s.drafted_at and s.drafted_at[0] >= self.MIN_REQUEST_STEPS]
         if len(counts) < self.MIN_REQUESTS:
-            return self.prior_strength, self.HOPE_UNKNOWN_SPREAD, self.HOPE_UNKNOWN_MEAN + self.HOPE_UNKNOWN_SPREAD ** 0.5
+            unknown = self.HOPE_UNKNOWN_SPREAD
+            return self.prior_strength, unknown, self.HOPE_UNKNOWN_MEAN + unknown ** 0.5
         steps = sum(n for _, n in counts)
         mean = sum(x for x, _ in counts) / steps
         per_request = sum(x / n for x, n in counts) / len(counts)

@@ -399,8 +399,7 @@ class AutoPlanner:
         if self.cycle_steps:
             plan = Plan(LAYOUTS[self.replans % len(LAYOUTS)], {}, ((),), 0.0, 0.0, threshold=0.0, cap=k_cap)
         else:
-            wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats), self._max_draft(r, k_cap))
-                      for r in requests]
+            wanted = self._wanted(requests, k_cap)
             slowdowns = {layout: self._slowdowns(layout) for layout in LAYOUTS}
             slowdown = {layout: s[0] for layout, s in slowdowns.items()}
             prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
@@ -660,9 +659,7 @@ class AutoPlanner:
                           if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats))
         if not fresh:
             return None
-        wanted = [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=True), self._max_draft(r, k_cap))
-                  for r in requests]
-        hopeful = choose_plan(self.costs(), wanted, k_cap, layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
+        hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful=True), k_cap, layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
         if hopeful.layout == "ar":
             return None
         if trial is not None and now < trial[0] and fresh & trial[1]:
@@ -672,6 +669,12 @@ class AutoPlanner:
             return None
         steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
         return hopeful, (now + max(EXPLORE_MAX_S, steps_s), fresh)
+
+    def _wanted(self, requests: list[ActiveRequest], k_cap: int, hopeful: bool = False) -> list[PlanRequest]:
+        """The requests as the chooser takes them: each one's reach (priced hopefully where
+        asked, see AcceptanceEstimate.reach) and its own cap."""
+        return [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=hopeful), self._max_draft(r, k_cap))
+                for r in requests]
 
     @staticmethod
     def _max_draft(req: ActiveRequest, k_cap: int) -> int:

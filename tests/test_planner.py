@@ -1513,7 +1513,7 @@ def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_wou
         request = _active(len(planner.history))
         plan = planner.replan([request], K_MAX)
         assert plan.layout == "sd" and planner.history[-1].trying == "sd"
-        assert plan.considered["sd"] < auto_margin() * plan.considered["ar"]    # at the pool's mean: not enough
+        assert plan.considered["sd"] < auto.SWITCH_MARGIN * plan.considered["ar"]   # at the pool's mean: not enough
         assert planner.draft_length(request, K_MAX) == plan.draft_lengths[request.request_id] >= 2
         assert request.draft_reach == planner.acceptance.reach(request.seq.stats, hopeful=True)    # k at the hope
         for _ in range(AcceptanceEstimate.MIN_REQUEST_STEPS):
@@ -1540,12 +1540,6 @@ def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_wou
     differ = _planner_with(costs)
     _pool_of_good_and_bad(differ)
     assert differ.replan([_active(0)], K_MAX).layout == "ar" and differ.request_trials == 0
-
-
-def auto_margin() -> float:
-    from gateway import auto
-
-    return auto.SWITCH_MARGIN
 
 
 def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
