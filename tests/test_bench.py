@@ -314,6 +314,13 @@ def test_paired_summary_pairs_auto_with_each_passes_best_fixed_setting():
     assert summary["auto_over_best_fixed"]["max"] == pytest.approx(120 / 130)
     assert summary["auto_p50_over_best_fixed"]["median"] == pytest.approx(0.50 / 0.45)   # of 1.11, 1.05, 1.2
     assert summary["auto_over"]["ar"]["median"] == pytest.approx(100 / 110)
+    # ar's median is 100 against sd k=2's 90: the best setting over the passes, which each
+    # pass's best stood above only in pass 1 (130 against 100).
+    assert summary["best_fixed"] == "ar"
+    assert summary["auto_over_best_setting"]["median"] == pytest.approx(100 / 110)
+    assert summary["auto_over_best_setting"]["max"] == pytest.approx(1.2)
+    assert summary["pass_best_over_best_setting"]["max"] == pytest.approx(1.3)
+    assert summary["pass_best_over_best_setting"]["median"] == pytest.approx(1.0)
     assert summary["auto_over"]["sd k=2"]["median"] == pytest.approx(100 / 90)
     settings = summary["settings"]
     assert settings["ar"]["tokens_per_s"]["median"] == 100 and settings["auto"]["tokens_per_s"]["max"] == 120
@@ -354,6 +361,8 @@ def test_paired_cli_keeps_every_setting_up_and_alternates_their_runs(tmp_path):
     assert set(at_c2["auto_over"]) == {"ar"}
     controls = sorted(c["tokens_per_s"] / a["tokens_per_s"] for c, a in zip(runs["ar (control)"], runs["ar"]))
     assert at_c2["control_over_ar"]["median"] == pytest.approx(controls[1])
+    assert at_c2["best_fixed"] == "ar" and at_c2["auto_over_best_setting"] == at_c2["auto_over"]["ar"]
+    assert (tmp_path / "paired.png").stat().st_size > 0
     for refused in (["--paired", "1"], ["--paired", "2", "--peers"], ["--paired", "2", "--rounds", "2"],
                     ["--paired", "2", "--request-rate", "4"], ["--paired-control"]):
         assert main(["bench", "--modes", "ar", *refused, "--out", str(tmp_path / "refused")]) == 2

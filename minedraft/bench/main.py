@@ -263,8 +263,8 @@ def missing_extra(specs: list[RunSpec]) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from minedraft.bench.paired import refusal, run_paired
 
-    problem = apply_presets(args) or (refusal(args) if args.paired or args.paired_control
-                                      else missing_extra(run_list(args)))
+    problem = apply_presets(args) or (refusal(args) if args.paired or args.paired_control else None) \
+        or missing_extra(run_list(args))
     if problem:
         print(f"minedraft bench: error: {problem}", file=sys.stderr)
         return 2

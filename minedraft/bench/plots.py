@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from minedraft.bench.headline import GENERATE, ONE_CORE_AR, TOKENS_PER_S
@@ -204,3 +205,46 @@ def plot_timeline(steps: list[dict], title: str, out: Path, num_steps: int = 12)
     ax.set(xlabel="ms", title=title)
     path = _save(fig, out / _file_name("timeline_", title))
     return path
+
+
+def plot_paired(concurrencies: list[dict], out: Path) -> Path | None:
+    """A paired run (paired.json's "concurrency" entries) against concurrency: above, each
+    setting's median throughput over fixed `ar`'s, paired within passes (auto on top);
+    below, auto over the best fixed setting and over each pass's best (median, IQR as bars),
+    with the control's ratio to `ar` shaded where there was one: the band identical settings
+    read apart. None without ar or auto."""
+    from minedraft.bench.paired import AUTO, CONTROL
+
+    rows = [c for c in concurrencies if "ar" in c["runs"] and "auto_over_best_setting" in c]
+    if not rows:
+        return None
+    plt = _pyplot()
+    cs = [c["concurrency"] for c in rows]
+    fig, (ax_ar, ax_best) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+    names = [n for n in rows[0]["runs"] if n not in ("ar", AUTO, CONTROL)] + [AUTO]
+    for name in names:
+        ratios = [statistics.median(r["tokens_per_s"] / a["tokens_per_s"]
+                                    for r, a in zip(c["runs"][name], c["runs"]["ar"]))
+                  if name in c["runs"] else float("nan") for c in rows]
+        ax_ar.plot(cs, ratios, "-o", label=name, **_style(name))
+    ax_ar.axhline(1.0, color="tab:gray", linestyle="--", linewidth=1, label="ar (both cores)")
+    ax_ar.set(ylabel="tok/s over ar's, same pass", title="paired runs: every setting warm at once")
+    ax_ar.legend(fontsize="small")
+    for key, label, shift in (("auto_over_best_setting", "auto / best fixed setting", 0.97),
+                              ("auto_over_best_fixed", "auto / each pass's best", 1.03)):
+        mid = [c[key]["median"] for c in rows]
+        bars = [[m - c[key]["p25"] for m, c in zip(mid, rows)], [c[key]["p75"] - m for m, c in zip(mid, rows)]]
+        ax_best.errorbar([x * shift for x in cs], mid, yerr=bars, fmt="-o", capsize=3, label=label,
+                         **(_style(AUTO) if shift < 1 else {}))
+    controlled = [c for c in rows if "control_over_ar" in c]
+    if controlled:
+        ax_best.fill_between([c["concurrency"] for c in controlled], [c["control_over_ar"]["p25"] for c in controlled],
+                             [c["control_over_ar"]["p75"] for c in controlled], color="tab:gray", alpha=0.25,
+                             label="ar (control) / ar, IQR")
+    ax_best.axhline(0.97, color="tab:red", linestyle=":", linewidth=1, label="0.97")
+    ax_best.set(xlabel="concurrency", ylabel="ratio, paired within passes")
+    ax_best.legend(fontsize="small")
+    if len(cs) > 1 and cs[-1] >= 4 * cs[0]:
+        ax_best.set_xscale("log", base=2)
+        ax_best.set_xticks(cs, labels=[str(c) for c in cs])
+    return _save(fig, out / "paired.png")
