@@ -651,29 +651,39 @@ class AutoPlanner:
         memory-bound stand-in at C = 1, half the requests drafted at 0.9 and half at 0.1:
         the pool's mean put sd level with plain decoding for every newcomer, auto decoded
         plainly throughout, and sd would have drafted the good half about twice as fast.
+        One fresh request is priced hopefully, the others as they are: the hope is a request one
+        standard deviation above the mean, about one in six, and every fresh request priced so
+        at once put a batch's price a third above its realistic one at k_max = 8 on the
+        bundled pair (hope 0.92 against conditional rates of 0.83 at every position): at C = 4
+        every wave of four began a trial of psd at k = 7, 6 in 7 s, and auto came to 0.87 of
+        `ar` in a sweep of fresh servers (docs/benchmarks.md, "Reading the results"). With
+        one, a trial is begun where drafting would pay with one such request among them.
         The margin is wide because a trial's gain is the hope's, a standard deviation's worth:
         on the bundled pair, whose requests differ little, psd and plain decoding within 5% of
         each other at C = 2 and 4, a trial at SWITCH_MARGIN began for nearly every new request
         (every 0.4-0.6 s) and auto fell from 1.08 to 0.91 of the best fixed setting at C = 4."""
-        fresh = frozenset(r.request_id for r in requests
-                          if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats))
+        fresh = [r.request_id for r in requests if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats)]
         if not fresh:
             return None
-        hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful=True), k_cap, layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
+        ongoing = trial is not None and now < trial[0] and not trial[1].isdisjoint(fresh)
+        hoped = next(r for r in fresh if r in trial[1]) if ongoing else fresh[0]
+        hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful_for=hoped), k_cap,
+                              layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
         if hopeful.layout == "ar":
             return None
-        if trial is not None and now < trial[0] and fresh & trial[1]:
+        if ongoing:
             return hopeful, trial
         if (hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
                 or considered.get(hopeful.layout, 0.0) >= SWITCH_MARGIN * plain.tokens_per_s):
             return None
         steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
-        return hopeful, (now + max(EXPLORE_MAX_S, steps_s), fresh)
+        return hopeful, (now + max(EXPLORE_MAX_S, steps_s), frozenset(fresh))
 
-    def _wanted(self, requests: list[ActiveRequest], k_cap: int, hopeful: bool = False) -> list[PlanRequest]:
-        """The requests as the chooser takes them: each one's reach (priced hopefully where
-        asked, see AcceptanceEstimate.reach) and its own cap."""
-        return [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=hopeful), self._max_draft(r, k_cap))
+    def _wanted(self, requests: list[ActiveRequest], k_cap: int, hopeful_for: str | None = None) -> list[PlanRequest]:
+        """The requests as the chooser takes them: each one's reach (request `hopeful_for`'s
+        priced hopefully, see AcceptanceEstimate.reach) and its own cap."""
+        return [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=r.request_id == hopeful_for),
+                            self._max_draft(r, k_cap))
                 for r in requests]
 
     @staticmethod

@@ -1542,6 +1542,31 @@ def test_a_fresh_request_gets_a_short_trial_of_drafting_where_plain_decoding_wou
     assert differ.replan([_active(0)], K_MAX).layout == "ar" and differ.request_trials == 0
 
 
+def test_of_several_fresh_requests_one_is_priced_hopefully_when_a_trial_is_weighed(clock, no_trials):
+    """The hope is a request one standard deviation above the mean, about one in six: with four
+    newcomers, drafting priced for all four at the hope would be past TRIAL_MARGIN here
+    (verifying more tokens costs little, drafting a forward a good deal), priced for one of
+    them it is not, and plain decoding stays; alone, a newcomer gets its trial."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=0.04, draft_per_token=0.001, draft_fixed=0.0,
+                      verify_fixed=0.1, verify_per_token=0.01, gateway_per_step=0.001)
+    planner = _planner_with(costs)
+    _pool_of_good_and_bad(planner)
+    requests = [_active(i) for i in range(4)]
+    all_hopeful = choose_plan(planner.costs(), [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats, hopeful=True),
+                                                            K_MAX) for r in requests], K_MAX, layouts=("sd", "psd"))
+    planner.replan(requests, K_MAX)                 # (their arrival: no trial as a wave comes in)
+    clock[0] += 0.5
+    plan = planner.replan(requests, K_MAX)
+    assert all_hopeful.tokens_per_s > 1.05 * auto.TRIAL_MARGIN * plan.considered["ar"]
+    assert plan.layout == "ar" and planner.request_trials == 0 and not planner.history[-1].trying
+
+    alone = _planner_with(costs)
+    _pool_of_good_and_bad(alone)
+    assert alone.replan([_active(0)], K_MAX).layout != "ar" and alone.request_trials == 1
+
+
 def test_a_trial_begun_for_other_requests_is_decided_afresh(clock):
     """A trial started for eight requests must not run on for the sixteen there are just
     after: a change of a quarter of the requests ends it, and no trial starts while a wave of
