@@ -638,11 +638,11 @@ class AutoPlanner:
                       trial: tuple[float, frozenset[str]] | None, now: float,
                       **planning) -> tuple[Plan, tuple[float, frozenset[str]]] | None:
         """A trial of drafting for the fresh requests, where the plan is plain decoding, which
-        would never measure them (AcceptanceEstimate.fresh): the best drafting layout with them
-        priced hopefully, if that is predicted TRIAL_MARGIN faster than `plain` and the hope
-        is what puts it there (at its price as `considered`, the layout was not SWITCH_MARGIN
-        faster: one chosen against for other reasons, say held back, stays so); -> (that
-        plan, the trial: until when at most, for which requests), or None.
+        would never measure them (AcceptanceEstimate.fresh): the best drafting layout with one
+        of them priced hopefully, if that is predicted TRIAL_MARGIN faster than `plain` and the
+        hope is what puts it there (at its price as `considered`, the layout was not
+        SWITCH_MARGIN faster: one chosen against for other reasons, say held back, stays so);
+        -> (that plan, the trial: until when at most, for which requests), or None.
         Once begun (`trial`), it goes on while any request it was begun for is fresh, for
         the time of 2 * MIN_REQUEST_STEPS of its steps at most (EXPLORE_MAX_S at least): a
         request drafted badly would otherwise leave it after a step or two, never measured,
