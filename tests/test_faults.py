@@ -42,9 +42,14 @@ def _stub(cluster: Cluster) -> generation_pb2_grpc.GenerationStub:
     return generation_pb2_grpc.GenerationStub(grpc.insecure_channel(cluster.address))
 
 
-def _generate(stub, prompt: str) -> generation_pb2.GenerateResponse:
+def _generate(stub, prompt: str, max_tokens: int = MAX_TOKENS) -> generation_pb2.GenerateResponse:
     return stub.Generate(generation_pb2.GenerateRequest(prompt=prompt, sampling=generation_pb2.SamplingOptions(
-        max_tokens=MAX_TOKENS, ignore_eos=True)), timeout=120)
+        max_tokens=max_tokens, ignore_eos=True)), timeout=120)
+
+
+def _verify_steps(cluster: Cluster) -> int:
+    with Client(cluster.address) as client:
+        return sum(s["kind"] == "verify" for s in client.step_stats(max_steps=100_000))
 
 
 def _drafts_recorded(cluster: Cluster) -> int:
@@ -107,7 +112,7 @@ def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
         for round_ in range(20):
             name = "drafter-0"
             if round_ % 2:
-                results = _generate_all(cluster, during=lambda: cluster.kill(name, signal.SIGTERM))
+                results = _generate_all(cluster, during=lambda: cluster.kill(name, signal.SIGTERM), once_drafting=True)
             else:
                 assert cluster.kill(name, signal.SIGTERM) == 0
                 results = _generate_all(cluster)
@@ -123,7 +128,7 @@ def test_drafter_scale_down_twenty_times_idle_and_streaming(reference):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_drafter_killed_under_load_rejoins_and_drafts_again(reference, mode):
     with Cluster(_config(drafters=2, **MODES[mode])) as cluster:
-        results = _generate_all(cluster, during=lambda: cluster.kill("drafter-1"))
+        results = _generate_all(cluster, during=lambda: cluster.kill("drafter-1"), once_drafting=True)
         _check(reference, results, "drafter SIGKILL")
         _wait_for(lambda: len(_pool(cluster)) == 1, 30, "the dead drafter to leave the pool")
         _, address = cluster.add_drafter("drafter-1")
@@ -204,18 +209,17 @@ def test_a_frozen_drafter_holds_streams_for_seconds_not_the_start_up_deadline(re
 def test_verifier_killed_and_restarted(reference):
     """In-flight requests fail with UNAVAILABLE, health turns NOT_SERVING, new requests are
     refused; once the verifier is back the gateway serves again on its own, and the drafter
-    has paired with the new verifier (drafting > 0)."""
+    has paired with the new verifier (drafting > 0). The requests killed are long and the kill
+    comes once they are verifying: on a fast host eight requests of 16 tokens all finished
+    within the 0.3 s the kill used to wait."""
     with Cluster(_config()) as cluster:
         stub = _stub(cluster)
         errors = []
-
-        def kill_verifier() -> None:
-            cluster.kill("verifier")
-
+        steps_before = _verify_steps(cluster)
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
-            futures = [pool.submit(_generate, stub, p) for p in PROMPTS]
-            time.sleep(0.3)
-            kill_verifier()
+            futures = [pool.submit(_generate, stub, p, 1024) for p in PROMPTS]
+            _wait_for(lambda: _verify_steps(cluster) > steps_before, 60, "the requests' first verify step")
+            cluster.kill("verifier")
             for future in futures:
                 try:
                     future.result()
