@@ -1554,8 +1554,9 @@ def test_of_several_fresh_requests_one_is_priced_hopefully_when_a_trial_is_weigh
     planner = _planner_with(costs)
     _pool_of_good_and_bad(planner)
     requests = [_active(i) for i in range(4)]
-    all_hopeful = choose_plan(planner.costs(), [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats, hopeful=True),
-                                                            K_MAX) for r in requests], K_MAX, layouts=("sd", "psd"))
+    every_one_hoped = [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats, hopeful=True), K_MAX)
+                       for r in requests]
+    all_hopeful = choose_plan(planner.costs(), every_one_hoped, K_MAX, layouts=("sd", "psd"))
     planner.replan(requests, K_MAX)                 # (their arrival: no trial as a wave comes in)
     clock[0] += 0.5
     plan = planner.replan(requests, K_MAX)
