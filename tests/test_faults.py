@@ -47,14 +47,10 @@ def _generate(stub, prompt: str, max_tokens: int = MAX_TOKENS) -> generation_pb2
         max_tokens=max_tokens, ignore_eos=True)), timeout=120)
 
 
-def _verify_steps(cluster: Cluster) -> int:
+def _calls_recorded(cluster: Cluster, kind: str) -> int:
+    """The step records of calls of this kind ("draft", "verify") the gateway holds."""
     with Client(cluster.address) as client:
-        return sum(s["kind"] == "verify" for s in client.step_stats(max_steps=100_000))
-
-
-def _drafts_recorded(cluster: Cluster) -> int:
-    with Client(cluster.address) as client:
-        return sum(s["kind"] == "draft" for s in client.step_stats(max_steps=100_000))
+        return sum(s["kind"] == kind for s in client.step_stats(max_steps=100_000))
 
 
 def _generate_all(cluster: Cluster, during=None, once_drafting: bool = False) -> list[generation_pb2.GenerateResponse]:
@@ -63,12 +59,12 @@ def _generate_all(cluster: Cluster, during=None, once_drafting: bool = False) ->
     certainly meet what `during` did (8 requests of 16 tokens could all finish within 0.3 s,
     and a drafter frozen then was never called again: CI saw it still in the pool)."""
     stub = _stub(cluster)
-    drafts_before = _drafts_recorded(cluster) if once_drafting else 0
+    drafts_before = _calls_recorded(cluster, "draft") if once_drafting else 0
 
     def mid_run() -> None:
         if once_drafting:
             deadline = time.monotonic() + 60
-            while _drafts_recorded(cluster) == drafts_before:
+            while _calls_recorded(cluster, "draft") == drafts_before:
                 assert time.monotonic() < deadline, "no draft call was recorded"
                 time.sleep(0.005)
         else:
@@ -148,7 +144,7 @@ def test_drafter_killed_while_idle_is_dropped_at_the_next_run(reference, mode):
     dead drafter leaves the pool, health stays SERVING, and a new replica drafts."""
     with Cluster(_config(**MODES[mode])) as cluster:
         _check(reference, _generate_all(cluster), "warm-up")
-        assert _drafts_recorded(cluster) > 0
+        assert _calls_recorded(cluster, "draft") > 0
         cluster.kill("drafter-0")
         results = _generate_all(cluster)
         _check(reference, results, "drafter SIGKILL while idle")
@@ -215,10 +211,10 @@ def test_verifier_killed_and_restarted(reference):
     with Cluster(_config()) as cluster:
         stub = _stub(cluster)
         errors = []
-        steps_before = _verify_steps(cluster)
+        steps_before = _calls_recorded(cluster, "verify")
         with ThreadPoolExecutor(len(PROMPTS)) as pool:
             futures = [pool.submit(_generate, stub, p, 1024) for p in PROMPTS]
-            _wait_for(lambda: _verify_steps(cluster) > steps_before, 60, "the requests' first verify step")
+            _wait_for(lambda: _calls_recorded(cluster, "verify") > steps_before, 60, "the requests' first verify step")
             cluster.kill("verifier")
             for future in futures:
                 try:
