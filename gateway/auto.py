@@ -688,7 +688,12 @@ class AutoPlanner:
 
     @staticmethod
     def _max_draft(req: ActiveRequest, k_cap: int) -> int:
-        return k_cap if req.max_draft is None else min(k_cap, req.max_draft)
+        """The longest draft the request may get: k_cap, its own cap, and never past its end
+        (Sequence.draft_length: a step gives it at most the tokens it has left, and that is
+        all it drafts). Priced at k_cap instead, a request with two tokens left was worth 1 +
+        the reach of eight drafts; at C = 4 with 64-token outputs a tenth of psd's
+        request-steps are such last steps."""
+        return req.seq.draft_length(k_cap if req.max_draft is None else min(k_cap, req.max_draft))
 
     # ---- showing ---------------------------------------------------------------------------
     def describe(self, planning: bool) -> tuple[generation_pb2.CostModel, generation_pb2.AutoPlan | None]:
