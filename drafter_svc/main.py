@@ -80,11 +80,13 @@ def _inband_put(verifier_address: str, drafter_id: str, dial: DialSecurity):
 
 def _sender_factory(verifier_address: str, drafter_id: str, device: str, dial: DialSecurity):
     """ConnectDrafterResponse -> the DraftSender for that pairing (blocking: joins the group)."""
-    from minedraft.data_plane import DistributedDraftSender, InBandDraftSender
+    from minedraft.data_plane import DistributedDraftSender, InBandDraftSender, LocalDraftSender
 
     def open_sender(pairing: engine_pb2.ConnectDrafterResponse):
         if pairing.data_plane == "inband":
             return InBandDraftSender(_inband_put(verifier_address, drafter_id, dial))
+        if pairing.data_plane == "unix":
+            return LocalDraftSender(pairing.address, pairing.pairing_key)
         host, _, port = pairing.address.rpartition(":")
         return DistributedDraftSender(host, int(port), backend=pairing.data_plane, device=device)
 

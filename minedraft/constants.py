@@ -11,9 +11,10 @@ MODES = ("auto", *LAYOUTS)
 BENCH_MODES = ("auto", "ar", "sd", "sd-colocated", "psd")
 # Names of torch dtypes; torch itself is imported only where tensors are made.
 DTYPES = ("float32", "bfloat16", "float16")
-# How drafts travel drafter -> verifier: a torch.distributed pair group, or gRPC in-band.
+# How drafts travel drafter -> verifier: a torch.distributed pair group, a Unix domain socket
+# (both on one host), or gRPC in-band.
 DISTRIBUTED_BACKENDS = ("gloo", "nccl")
-DATA_PLANES = (*DISTRIBUTED_BACKENDS, "inband")
+DATA_PLANES = (*DISTRIBUTED_BACKENDS, "unix", "inband")
 
 GATEWAY_PORT = 50051
 VERIFIER_PORT = 50061

@@ -103,6 +103,8 @@ class VerifierServicer(engine_pb2_grpc.VerifierServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(err))
         except ValueError as err:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except OSError as err:                  # no port or socket to rendezvous on
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"data plane {self.pairings.backend}: {err}")
         return engine_pb2.ConnectDrafterResponse(data_plane=self.pairings.backend, address=address,
                                                  pairing_key=key)
 

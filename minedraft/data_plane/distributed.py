@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS, VERIFIER_RANK,
-                                          DraftPayload, Mailbox, _header, _TransferMeter, empty_payload, step_tag)
+                                          DraftPayload, MailboxReceiver, _header, _TransferMeter, check_payload,
+                                          empty_payload, step_tag)
 from minedraft.process_groups import check_backend, master_store, new_group
 
 
@@ -83,7 +82,7 @@ class DistributedDraftSender(_DistributedEnd):
         self._record(payload.nbytes)
 
 
-class DistributedDraftReceiver(_DistributedEnd):
+class DistributedDraftReceiver(MailboxReceiver, _DistributedEnd):
     """Verifier end (rank 0, hosts the store). Tensors arrive on `device`.
 
     With gloo a thread keeps a receive posted at all times: gloo completes a send only when
@@ -97,15 +96,10 @@ class DistributedDraftReceiver(_DistributedEnd):
                  store: dist.TCPStore | None = None) -> None:
         """store: a `listen_store` made beforehand (so its port can be handed to the drafter
         before this blocks until the drafter joins); host and port are then unused."""
-        super().__init__(host, port, VERIFIER_RANK, backend, device, connect_timeout_s, store)
-        self._mailbox = Mailbox()
-        self._error: BaseException | None = None
-        self._cond = threading.Condition()
-        self._closed = False
-        self._thread = None
+        MailboxReceiver.__init__(self)
+        _DistributedEnd.__init__(self, host, port, VERIFIER_RANK, backend, device, connect_timeout_s, store)
         if backend == "gloo":
-            self._thread = threading.Thread(target=self._receive_forever, name="draft-recv", daemon=True)
-            self._thread.start()
+            self._start_receiving()
 
     def _receive_one(self, timeout: timedelta) -> DraftPayload:
         header = torch.empty(HEADER_FIELDS + INLINE_TOKENS, dtype=torch.int64, device=self.device)
@@ -119,40 +113,18 @@ class DistributedDraftReceiver(_DistributedEnd):
                   "receiving draft tokens")
         return DraftPayload(step_id, token_ids)
 
-    def _receive_forever(self) -> None:
-        while not self._closed:
-            try:
-                payload = self._receive_one(timedelta(days=365))
-            except BaseException as err:                      # closed, or the peer went away
-                with self._cond:
-                    self._error = None if self._closed else err
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                if self._mailbox.put(payload):
-                    self._cond.notify_all()
+    def _receive_next(self) -> DraftPayload:
+        return self._receive_one(timedelta(days=365))
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
         self.last_wait_s = 0.0
         if num_tokens == 0:
             return empty_payload(step_id, self.device)
-        start = time.perf_counter()
         if self._thread is None:            # NCCL: waiting and receiving are one, in this call
             payload = self._receive_one(timedelta(seconds=timeout_s))
         else:
-            with self._cond:
-                arrived = self._cond.wait_for(lambda: self._mailbox.settled(step_id) or self._error is not None,
-                                              timeout_s)
-                if self._error is not None:
-                    raise RuntimeError(f"data plane: receiving failed before step {step_id}") from self._error
-                if not arrived:
-                    raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
-                payload, arrived_at = self._mailbox.take(step_id)
-                self.last_wait_s = max(0.0, arrived_at - start)
-        expected, got = (step_id, num_tokens), (payload.step_id, payload.num_tokens)
-        if got != expected:
-            raise ValueError(f"data plane: step {step_id} expected (step, tokens) {expected}, received {got}")
-        self._record(payload.nbytes)
+            payload = self._take(step_id, timeout_s)
+        self._record(check_payload(payload, step_id, num_tokens).nbytes)
         return payload
 
     def abandon(self, step_id: int) -> None:
@@ -160,13 +132,11 @@ class DistributedDraftReceiver(_DistributedEnd):
         issue order, so a step whose drafts will not come cannot be skipped."""
         if self._thread is None:
             raise NotImplementedError(f"the {self.backend} data plane cannot abandon a step's drafts")
-        with self._cond:
-            self._mailbox.abandon(step_id)
-            self._cond.notify_all()
+        super().abandon(step_id)
 
     def close(self) -> None:
-        self._closed = True
-        super().close()
+        self._mark_closed()
+        _DistributedEnd.close(self)
 
 
 def connect_pair(role: str, host: str, port: int, backend: str = "gloo",

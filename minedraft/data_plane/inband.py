@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Callable
 
 import torch
@@ -11,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
 
-from minedraft.data_plane.payload import DraftPayload, Mailbox, _TransferMeter
+from minedraft.data_plane.payload import DraftPayload, Mailbox, MailboxReceiver, _TransferMeter, check_payload
 
 # The payload's bytes are a safetensors blob holding this one tensor: the format says dtype,
 # shape and byte order itself (little-endian whatever the host's), and is checked on load.
@@ -34,60 +32,24 @@ class InBandDraftSender(_TransferMeter):
         pass
 
 
-class InBandDraftReceiver(_TransferMeter):
+class InBandDraftReceiver(MailboxReceiver):
     """Payloads delivered by the RPC thread wait here until the step loop asks for them.
 
     Keyed by step id, so deliveries may arrive in any order relative to each other and to recv.
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._ready = threading.Condition()
-        self._mailbox = Mailbox()
-        self._closed = False
-
     def deliver(self, payload: DraftPayload) -> None:
-        with self._ready:
-            if self._closed:
-                raise RuntimeError(f"data plane closed; dropping drafts for step {payload.step_id}")
-            if payload.step_id in self._mailbox.ready:
-                raise ValueError(f"drafts for step {payload.step_id} delivered twice")
-            if self._mailbox.put(payload):
-                self._ready.notify_all()
-
-    def abandon(self, step_id: int) -> None:
-        with self._ready:
-            self._mailbox.abandon(step_id)
-            self._ready.notify_all()
+        self._put(payload)
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
-        start = time.perf_counter()
-        with self._ready:
-            arrived = self._ready.wait_for(
-                lambda: self._mailbox.settled(step_id) or self._closed, timeout=timeout_s)
-            if self._closed:
-                raise RuntimeError(f"data plane closed while waiting for step {step_id}")
-            if not arrived:
-                raise TimeoutError(f"no drafts arrived for step {step_id} within {timeout_s}s")
-            payload, arrived_at = self._mailbox.take(step_id)
-        self.last_wait_s = max(0.0, arrived_at - start)
-        payload = _check_payload(payload, num_tokens)
+        payload = check_payload(self._take(step_id, timeout_s), step_id, num_tokens)
         self._record(payload.nbytes)
         return payload
 
     def close(self) -> None:
-        with self._ready:
-            self._closed = True
+        with self._cond:
             self._mailbox = Mailbox()
-            self._ready.notify_all()
-
-
-def _check_payload(payload: DraftPayload, num_tokens: int) -> DraftPayload:
-    """Hold an in-band payload to what the control message promised."""
-    if payload.num_tokens != num_tokens:
-        raise ValueError(f"step {payload.step_id}: expected {num_tokens} draft tokens, got "
-                         f"{payload.num_tokens}")
-    return payload
+        self._mark_closed()
 
 
 def encode_payload(payload: DraftPayload) -> dict[str, int | bytes]:

@@ -2,7 +2,8 @@
 
 A drafter joining the pool asks for a pairing (`connect`): in-band it is a mailbox for its
 PutDrafts calls; with gloo or NCCL it is a private two-rank group on a fresh rendezvous
-store (any free port), formed on a background thread while the drafter joins from its
+store (any free port); with `unix` a socket of its own in the verifier's private socket
+directory. The last two are formed on a background thread while the drafter joins from its
 side. Nothing here restarts when the pool changes.
 
 A pairing that fails (its drafter died, so gloo reports the connection closed; or its
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import secrets
 import threading
 
@@ -23,6 +25,7 @@ import torch
 from minedraft.constants import DATA_PLANES
 from minedraft.data_plane.distributed import DistributedDraftReceiver, listen_store
 from minedraft.data_plane.inband import InBandDraftReceiver
+from minedraft.data_plane.local import LocalDraftReceiver, SocketDirectory, listen_socket
 from minedraft.data_plane.payload import DraftPayload, DraftReceiver, DraftsAbandoned
 
 logger = logging.getLogger("minedraft.data_plane")
@@ -47,6 +50,7 @@ class DraftPairings:
         self.connect_timeout_s = connect_timeout_s
         self._pairings: dict[str, _Pairing] = {}
         self._ever_paired: set[str] = set()     # drafts of these, when unpaired, are lost, not unknown
+        self._sockets = SocketDirectory() if backend == "unix" else None
         self.last_wait_s = 0.0                  # of the last recv (only the verify thread calls it)
         self._lock = threading.Lock()
 
@@ -70,6 +74,10 @@ class DraftPairings:
             pairing.receiver = InBandDraftReceiver()
             pairing.formed.set()
             address = ""
+        elif self._sockets is not None:
+            address = self._sockets.socket_path(secrets.token_hex(8))
+            threading.Thread(target=self._form_local, args=(drafter_id, pairing, listen_socket(address)),
+                             name=f"pair-{drafter_id[:8]}", daemon=True).start()
         else:
             store = listen_store(self.bind_host, 0, self.connect_timeout_s)
             address = f"{self.advertise_host}:{store.port}"
@@ -99,6 +107,22 @@ class DraftPairings:
         finally:
             pairing.formed.set()
 
+    def _form_local(self, drafter_id: str, pairing: _Pairing, listener) -> None:
+        path = listener.getsockname()
+        try:
+            pairing.receiver = LocalDraftReceiver(listener, pairing.key, self.device, self.connect_timeout_s)
+            logger.info("data plane unix paired with drafter %s", drafter_id)
+        except BaseException as err:                      # the drafter never joined
+            pairing.error = err
+            logger.warning("drafter %s did not join its data-plane pairing: %s", drafter_id, err)
+        finally:
+            listener.close()                              # one drafter a socket: no one else gets in
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+            pairing.formed.set()
+
     def deliver(self, drafter_id: str, payload: DraftPayload) -> None:
         """In-band: a PutDrafts call's payload."""
         pairing = self._pairings.get(drafter_id)
@@ -123,7 +147,7 @@ class DraftPairings:
         except DraftsAbandoned:
             logger.debug("drafter %s: drafts of step %d abandoned", drafter_id, step_id)
             return None
-        except (RuntimeError, TimeoutError) as err:
+        except (RuntimeError, TimeoutError, ValueError) as err:   # ValueError: not the drafts promised
             logger.warning("drafter %s: drafts of step %d lost (%s); dropping its pairing",
                            drafter_id, step_id, err)
             self.disconnect(drafter_id)
@@ -158,3 +182,5 @@ class DraftPairings:
     def close(self) -> None:
         for drafter_id in list(self._pairings):
             self.disconnect(drafter_id)
+        if self._sockets is not None:
+            self._sockets.close()

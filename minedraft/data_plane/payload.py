@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -116,6 +117,83 @@ class _TransferMeter:
     def _record(self, nbytes: int) -> None:
         self.bytes_moved += nbytes
         self.last_bytes = nbytes
+
+
+class MailboxReceiver(_TransferMeter):
+    """A receiver whose payloads wait in a mailbox, keyed by step id, until a verify step
+    takes them (`_take`), so a drafter's send never waits on the verifier's step loop. They
+    are put there by a thread of its own (`_start_receiving`, over the subclass's blocking
+    `_receive_next`, which raises once the peer is gone or the end is closed) or by another
+    caller (`_put`)."""
+
+    def __init__(self) -> None:
+        _TransferMeter.__init__(self)       # explicitly: subclasses mix in other ends
+        self._mailbox = Mailbox()
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def _receive_next(self) -> DraftPayload:
+        raise NotImplementedError
+
+    def _start_receiving(self) -> None:
+        self._thread = threading.Thread(target=self._receive_forever, name="draft-recv", daemon=True)
+        self._thread.start()
+
+    def _receive_forever(self) -> None:
+        while not self._closed:
+            try:
+                self._put(self._receive_next())
+            except BaseException as err:       # closed; the peer went away or sent a step twice
+                with self._cond:
+                    self._error = None if self._closed else err
+                    self._cond.notify_all()
+                return
+
+    def _put(self, payload: DraftPayload) -> None:
+        with self._cond:
+            if self._closed:
+                raise RuntimeError(f"data plane closed; dropping drafts for step {payload.step_id}")
+            if payload.step_id in self._mailbox.ready:
+                raise ValueError(f"drafts for step {payload.step_id} delivered twice")
+            if self._mailbox.put(payload):
+                self._cond.notify_all()
+
+    def _take(self, step_id: int, timeout_s: float) -> DraftPayload:
+        """The step's payload once it came; sets last_wait_s."""
+        start = time.perf_counter()
+        with self._cond:
+            arrived = self._cond.wait_for(
+                lambda: self._mailbox.settled(step_id) or self._error is not None or self._closed, timeout_s)
+            if not self._mailbox.settled(step_id):      # drafts that came before a failure still count
+                if self._error is not None:
+                    raise RuntimeError(f"data plane: receiving failed before step {step_id}") from self._error
+                if self._closed:
+                    raise RuntimeError(f"data plane closed while waiting for step {step_id}")
+                if not arrived:
+                    raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
+            payload, arrived_at = self._mailbox.take(step_id)
+        self.last_wait_s = max(0.0, arrived_at - start)
+        return payload
+
+    def abandon(self, step_id: int) -> None:
+        with self._cond:
+            self._mailbox.abandon(step_id)
+            self._cond.notify_all()
+
+    def _mark_closed(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def check_payload(payload: DraftPayload, step_id: int, num_tokens: int) -> DraftPayload:
+    """Hold a payload to what the control message promised."""
+    expected, got = (step_id, num_tokens), (payload.step_id, payload.num_tokens)
+    if got != expected:
+        raise ValueError(f"data plane: step {step_id} expected (step, tokens) {expected}, received {got}")
+    return payload
 
 
 def step_tag(step_id: int) -> int:
