@@ -203,8 +203,9 @@ def build_parser() -> ArgumentParser:
     serve.add_argument("--draft-cpus", default=defaults.draft_cpus,
                        help="cores the drafters are pinned to ('': not pinned)")
     serve.add_argument("--data-plane", default=defaults.data_plane, choices=DATA_PLANES,
-                       help="how drafts travel drafter -> verifier: a torch.distributed pair group (gloo on CPU, "
-                            "nccl on GPU) or in-band gRPC")
+                       help="how drafts travel drafter -> verifier: a Unix domain socket (unix: the processes "
+                            "share this host), a torch.distributed pair group (gloo on CPU, nccl on GPU) or in-band "
+                            "gRPC")
     serve.add_argument("--tp", type=int, default=defaults.tp, help="verifier tensor-parallel ranks")
     serve.add_argument("--drafters", type=int, default=defaults.drafters, help="drafters in the pool (ar mode: none)")
     serve.add_argument("--num-blocks", type=int, default=defaults.num_blocks, help="KV cache blocks per service")

@@ -187,7 +187,7 @@ def test_the_launcher_lends_the_drafters_cores_in_auto_mode_only(changes, lent):
     config = ServeConfig(**{"mode": "auto", "port": 0, "target_cpus": "0", "draft_cpus": "1", **changes})
     args = Cluster(config).verifier_args(port=0)
     assert (args[args.index("--borrow-cpus") + 1] if "--borrow-cpus" in args else "") == lent
-    assert args[args.index("--data-plane") + 1] == ("inband" if config.mode == "ar" else "gloo")
+    assert args[args.index("--data-plane") + 1] == ("inband" if config.mode == "ar" else "unix")
 
 
 @needs_two_cores

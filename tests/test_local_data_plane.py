@@ -105,18 +105,28 @@ def test_only_the_key_holder_gets_in_and_the_socket_is_private(pairings):
 @pytest.mark.parametrize("frame", [
     struct.pack("=QI", 7, MAX_FRAME_TOKENS + 1),                  # more drafts than any step carries
     struct.pack("=QI", 7, 0),                                     # an empty step never sends
-    struct.pack("=QI", 7, 3) + b"\x00" * 10,                      # cut short, then the drafter goes
 ])
-def test_a_corrupt_frame_costs_the_pairing_not_the_verifier(pairings, frame):
+def test_a_corrupt_frame_costs_the_pairing_at_once(pairings, frame):
     path, key = pairings.connect("d1")
     conn = _raw_connection(path, key)
-    conn.sendall(frame)
-    conn.close()
-    assert pairings.recv("d1", 7, 3, timeout_s=10) is None
+    conn.sendall(frame + struct.pack("=QIq", 8, 1, 5))            # then a good step: too late
+    started = time.monotonic()
+    assert pairings.recv("d1", 8, 1, timeout_s=10) is None        # refused on its header, not its body
+    assert time.monotonic() - started < 5
     assert "d1" not in pairings
+    conn.close()
     path, key = pairings.connect("d1")                            # the drafter pairs again
     LocalDraftSender(path, key).send(make_payload(8, 1))
     assert same(pairings.recv("d1", 8, 1, timeout_s=10), make_payload(8, 1))
+
+
+def test_a_frame_cut_short_by_a_drafter_that_goes_loses_only_that_step(pairings):
+    path, key = pairings.connect("d1")
+    conn = _raw_connection(path, key)
+    conn.sendall(struct.pack("=QI", 7, 3) + b"\x00" * 10)
+    conn.close()
+    assert pairings.recv("d1", 7, 3, timeout_s=10) is None
+    assert "d1" not in pairings
 
 
 def test_a_drafter_that_never_joins_costs_only_its_pairing():

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: --host, or this machine's address when binding all interfaces; "
                              "'auto' = this machine's address)")
     parser.add_argument("--data-plane", default="gloo", choices=DATA_PLANES,
-                        help="how drafts arrive: a torch.distributed pair group per drafter, or gRPC in-band")
+                        help="how drafts arrive: a torch.distributed pair group per drafter, a Unix domain socket "
+                             "per drafter (unix: drafters on this host only), or gRPC in-band")
     parser.add_argument("--tp", "--tp-size", dest="tp", type=int, default=0,
                         help="tensor-parallel ranks (default: WORLD_SIZE from torchrun, else 1)")
     parser.add_argument("--tp-rank", type=int, default=None,

@@ -356,7 +356,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             f"top_p/top_k/seed), or a shipped set: {', '.join(DATASETS)} (greedy code completion and "
                             f"sampled prose, seeded, alternating: two kinds of clients with different acceptance, "
                             f"reported per kind)")
-    bench.add_argument("--data-plane", default="gloo", choices=DATA_PLANES)
+    bench.add_argument("--data-plane", default="unix", choices=DATA_PLANES)
     bench.add_argument("--all-cpus", default="0-1", help="cores of ar's verifier, of sd-colocated and of transformers")
     bench.add_argument("--target", default=bundled.TARGET)
     bench.add_argument("--draft", default=bundled.DRAFT)

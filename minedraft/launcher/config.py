@@ -34,7 +34,7 @@ class ServeConfig:
     draft_threads: int = 1
     target_cpus: str = field(default_factory=lambda: "0" if (os.cpu_count() or 1) > 1 else "")
     draft_cpus: str = field(default_factory=lambda: "1" if (os.cpu_count() or 1) > 1 else "")
-    data_plane: str = "gloo"       # one of constants.DATA_PLANES
+    data_plane: str = "unix"       # one of constants.DATA_PLANES; every process is on this host
     tp: int = 1                    # verifier tensor-parallel ranks
     drafters: int = 1              # drafters in the pool (ar mode starts none)
     num_blocks: int = 4096
