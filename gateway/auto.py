@@ -461,9 +461,13 @@ class AutoPlanner:
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1
-            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s%s)",
+            costs = self.costs()
+            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s; "
+                        "plain decoding priced on the %s cores, lending judged %s%s)",
                         self.plan.layout, plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
                         {k: tuple(round(x, 2) for x in self._slowdowns(k)) for k in LAYOUTS},
+                        "lent" if costs.lending_pays else "own",
+                        "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
                         f"; trying {self._exploring[0]}" if self._exploring
                         else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
