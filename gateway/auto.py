@@ -96,6 +96,14 @@ FLOOR_FIRST_RECHECK_S = 2.0 # plain decoding left for a drafting layout while on
                             # be a moment's (at C = 64 one cluster's lent steps ran a quarter slow
                             # for seconds, psd was chosen on it, and ran at 0.84-0.91 of plain
                             # decoding for two minutes)
+FLOOR_MEASURED_S = 2.0      # plain decoding, settled, is left for a drafting layout on the model's
+                            # word only once this long of it is measured within SLOWDOWN_SPAN_S:
+                            # read from its first spells after the start's trials its slowdown
+                            # came out at 1.2-1.37, and its price moved by a quarter between plans
+                            # a second apart; psd, chosen on such readings, ran for seconds at
+                            # 0.81-0.94 of plain decoding (C = 4, fresh servers)
+FLOOR_HOLD_MAX_S = 6.0      # ... or once it has been settled this long all the same (its spells may
+                            # not count: a load that never settles into its plan's batch)
 RECHECK_PER_MEASURED = 5.0  # A layout measured for only a moment is re-checked sooner: after this
 RECHECK_MIN_S = 1.0         # many times as long as it was measured, and never sooner than this
 EXPLORE_SHARE = 0.02        # trials of layouts measured before take at most this share of the time
@@ -193,6 +201,7 @@ class AutoPlanner:
         self._settle_until = float("-inf")      # ... and when it has settled at the earliest
         self._settled = "ar"            # the layout chosen on the numbers (not one being tried) ...
         self._settled_for = 0           # ... for this many requests
+        self._settled_at = time.monotonic()     # ... since then
         self._fewer_since: float | None = None      # when fewer than that began running
         # The layout settled for the most requests since the last idle spell (the body of a
         # wave, not its tail), and for how many: what the next wave starts from.
@@ -257,7 +266,7 @@ class AutoPlanner:
         self._steady = False
         self._fewer_since = None
         if self._wave_settled is not None:
-            self._settled, self._settled_for = self._wave_settled
+            self._settle(*self._wave_settled)
             self._wave_settled = None
 
     def _end_spell(self, now: float) -> None:
@@ -382,6 +391,10 @@ class AutoPlanner:
         (0 while no drafter can draft)."""
         now = time.monotonic()
         self._end_spell(now)
+        # Whether the plan in force was a layout's trial: ending one is not leaving that layout
+        # (see _held_back); with plain decoding held (FLOOR_MEASURED_S), a trial that measured
+        # a layout well ended in plain decoding, and the layout was then held back for 15 s.
+        outgoing_trial = self._exploring is not None and self.plan.layout == self._exploring[0]
         if self._steady:                    # the plan in force ran requests until now
             ran = now - self._planned_at
             # A layout's first measurement is free of the budget (see _may_explore): only
@@ -423,7 +436,7 @@ class AutoPlanner:
                 if kept is None:
                     if (self._settled == "ar") != (best.layout == "ar"):     # plain decoding left or back
                         self._floor_wait = FLOOR_FIRST_RECHECK_S if self._settled == "ar" else None
-                    self._settled, self._settled_for = best.layout, len(requests)
+                    self._settle(best.layout, len(requests))
                 if self._wave_settled is None or len(requests) >= self._wave_settled[1]:
                     self._wave_settled = (self._settled, len(requests))
                 self._recheck_after.pop(self._settled, None)
@@ -451,8 +464,8 @@ class AutoPlanner:
         if switched:
             self._settling = SETTLE_STEPS[plan.layout]
             self._settle_until = now + SETTLE_S[plan.layout]
-            # (Setting a layout aside for a trial is not leaving it.)
-            if self.plan.layout != "ar" and not self._exploring:
+            # (Setting a layout aside for a trial is not leaving it, nor is ending its trial.)
+            if self.plan.layout != "ar" and not self._exploring and not outgoing_trial:
                 self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))
         if requests and not self.cycle_steps:
             settled = not self._settling and now >= self._settle_until and self._request_trial is None
@@ -607,6 +620,11 @@ class AutoPlanner:
         spells = self._measured[layout]
         return spells[-1].ended if spells else self._started
 
+    def _settle(self, layout: str, running: int) -> None:
+        if layout != self._settled:
+            self._settled_at = time.monotonic()
+        self._settled, self._settled_for = layout, running
+
     def _layout_to_keep(self, best: Plan, running: int) -> str | None:
         """The settled layout, unless the best is clearly better (no flapping on noise; plain
         decoding need only be a little better, TO_PLAIN_MARGIN) or the load is not the one it
@@ -616,11 +634,20 @@ class AutoPlanner:
         Fewer requests than it was chosen for keep it for LOAD_DROP_S whatever the best: at a
         wave's end in a closed loop one request ran alone for a few milliseconds, sd was
         best for it, and every wave paid two switches (the pipeline drained, the drafter
-        caught up, the lent cores handed back)."""
+        caught up, the lent cores handed back).
+        Plain decoding, settled, is kept whatever the best until FLOOR_MEASURED_S of it is
+        measured lately (for FLOOR_HOLD_MAX_S at most): it is what auto must not lose to, and
+        it runs meanwhile, so its measurement comes at no cost, where leaving it on a
+        moment's reading of it cost seconds of a worse layout."""
         current = best.considered.get(self._settled)
+        now = time.monotonic()
         if (current is not None and self._fewer_since is not None
-                and time.monotonic() - self._fewer_since < LOAD_DROP_S):
+                and now - self._fewer_since < LOAD_DROP_S):
             return self._settled
+        if (current is not None and self._settled == "ar" and best.layout != "ar"
+                and now - self._settled_at < FLOOR_HOLD_MAX_S
+                and self._measured_s("ar", since=now - SLOWDOWN_SPAN_S) < FLOOR_MEASURED_S):
+            return "ar"
         margin = TO_PLAIN_MARGIN if best.layout == "ar" else SWITCH_MARGIN
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
                 and _same_load(running, self._settled_for)):

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from gateway.auto import FLOOR_MEASURED_S
 from gateway.cost_model import WORKLOAD_WINDOW, CostModel, LinearFit, StepCosts
 from gateway.planner import Plan, PlanRequest, choose_plan, expected_max, layout_step_s
 from minedraft.constants import LAYOUTS
@@ -535,6 +536,16 @@ def budget_of_5_percent(monkeypatch):
     from gateway import auto
 
     monkeypatch.setattr(auto, "EXPLORE_SHARE", 0.05)
+
+
+@pytest.fixture(autouse=True)
+def floor_measured_at_once(monkeypatch):
+    """Plain decoding, settled, is held until FLOOR_MEASURED_S of it is measured: the tests
+    below of everything else start from a fresh planner and decide at once; the hold has
+    tests of its own (they set it back)."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "FLOOR_MEASURED_S", 0.0)
 
 
 @pytest.fixture
@@ -2063,3 +2074,48 @@ def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(c
     assert tried_at is not None, "".join(layout[0] for layout in ran)
     assert auto.FLOOR_STALE_S < tried_at - measured_at <= auto.FLOOR_STALE_S + 1.0
     assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
+
+
+def test_plain_decoding_settled_is_left_only_once_measured_for_a_while(clock, monkeypatch):
+    """The model puts sd 2.8x ahead of plain decoding for one request; plain decoding, settled
+    as at the start, is kept until FLOOR_MEASURED_S of it is measured (it runs meanwhile, so
+    that costs nothing but the wait), and then sd is chosen. Read from a moment of it, plain
+    decoding's slowdown swung by a third, and psd chosen on such a reading ran for seconds
+    at 0.81-0.94 of it. Without the rule sd is settled as soon as its first trial is over."""
+    from gateway import auto
+
+    def settled_at(floor_s: float) -> tuple[float, float]:
+        """-> (seconds run, plain decoding measured) when sd was first settled."""
+        monkeypatch.setattr(auto, "FLOOR_MEASURED_S", floor_s)
+        planner, requests = _long_steps_planner()
+        run = _spell_runner(planner, clock, requests, {})
+        started = clock[0]
+        for _ in range(30):
+            run(0.5)            # (a step of plain decoding here takes an eighth of a second)
+            if planner._settled == "sd":
+                return clock[0] - started, planner._measured_s("ar")
+        raise AssertionError(f"sd never settled: {[d.layout for d in planner.history]}")
+
+    elapsed, measured = settled_at(FLOOR_MEASURED_S)
+    assert measured >= FLOOR_MEASURED_S and elapsed < auto.FLOOR_HOLD_MAX_S
+    elapsed_without, measured_without = settled_at(0.0)
+    assert measured_without < 1.0 and elapsed_without < elapsed
+
+
+def test_plain_decoding_never_measured_is_kept_only_so_long(clock, no_trials, monkeypatch):
+    """Plain decoding whose spells never count (its steps never verify the batch it was planned
+    for) is left for the model's best after FLOOR_HOLD_MAX_S all the same."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "FLOOR_MEASURED_S", FLOOR_MEASURED_S)
+
+    planner, requests = _long_steps_planner()
+    started = clock[0]
+    while clock[0] - started < 2 * auto.FLOOR_HOLD_MAX_S and planner._settled == "ar":
+        plan = planner.replan(requests, K_MAX)
+        for _ in range(STEPS_PER_SPELL):
+            planner.observe_step(plan.layout, 1, 0, 4 * len(requests))     # not the planned batch
+        clock[0] += 0.25
+    assert planner._measured_s("ar") == 0
+    assert planner._settled == "sd"
+    assert auto.FLOOR_HOLD_MAX_S - 0.5 <= clock[0] - started <= auto.FLOOR_HOLD_MAX_S + 0.5
