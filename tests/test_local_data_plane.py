@@ -96,6 +96,8 @@ def test_only_the_key_holder_gets_in_and_the_socket_is_private(pairings):
     assert not os.path.exists(path)                               # taken: nobody else can connect
     with pytest.raises(OSError):
         _raw_connection(path, key)
+    with pytest.raises(ConnectionError, match="one host"):           # another host's drafter, say
+        LocalDraftSender(path, key)
     with pytest.raises(ValueError, match="pairing_key"):
         LocalDraftSender(os.path.join(directory, "none.sock"), "short")
     pairings.close()

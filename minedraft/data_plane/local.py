@@ -149,7 +149,12 @@ class LocalDraftSender(_TransferMeter):
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._conn.settimeout(connect_timeout_s)
-            self._conn.connect(path)
+            try:
+                self._conn.connect(path)
+            except (FileNotFoundError, ConnectionRefusedError) as err:
+                raise ConnectionError(f"data plane unix: cannot reach the verifier's socket {path} ({err}); "
+                                      f"drafter and verifier must run on one host and see one /tmp "
+                                      f"(else start the verifier with --data-plane gloo)") from err
             self._conn.sendall(handshake)
             self._conn.settimeout(send_timeout_s)
         except OSError:
