@@ -328,6 +328,10 @@ class AutoPlanner:
         it is measured, see _enough)."""
         return self._slowdowns(layout)[0]
 
+    def priced_slowdown(self, layout: str) -> float:
+        """The decoding slowdown the plan prices the layout at (see _planning_slowdowns)."""
+        return self._planning_slowdowns()[layout][0]
+
     def prefill_slowdown(self, layout: str) -> float:
         """... and of its prefill."""
         return self._slowdowns(layout)[1]
@@ -372,6 +376,26 @@ class AutoPlanner:
         self._slowdowns_read[layout] = read_from, (s_d, min(3.0, max(0.5, s_p)))
         return self._slowdowns_read[layout][1]
 
+    def _planning_slowdowns(self) -> dict[str, tuple[float, float]]:
+        """Each layout's (decoding, prefill) slowdown as the plan prices it: its own, except
+        that a drafting layout not measured enough to read one (see _enough) is priced at
+        least at plain decoding's measured decoding slowdown. Part of what plain decoding's
+        reading holds slows every layout (gaps between a closed loop's requests, the gateway's
+        work beside the verifier's threads, another process on the cores), and an unmeasured
+        layout priced at 1 beside it looked ahead by that much: at C = 1 on the bundled pair
+        (d5f5b0e) plain decoding read 1.17-1.20 slow while sd, whose spells were trials of
+        drafting for fresh requests or followed the idle moment between two requests (neither
+        counted), stood at 1, was settled on it for two thirds of a pass, and delivered what
+        plain decoding did, less the switches. Not the other way: plain decoding is the floor,
+        left only on measurement, and returned to on the model's word."""
+        read = {layout: self._slowdowns(layout) for layout in LAYOUTS}
+        if not self._enough("ar", self._recent("ar")):
+            return read
+        floor = max(1.0, read["ar"][0])
+        return {layout: (floor, read[layout][1])
+                if layout != "ar" and not self._enough(layout, self._recent(layout)) else read[layout]
+                for layout in LAYOUTS}
+
     def costs(self) -> StepCosts:
         return self.model.costs()
 
@@ -413,7 +437,7 @@ class AutoPlanner:
             plan = Plan(LAYOUTS[self.replans % len(LAYOUTS)], {}, ((),), 0.0, 0.0, threshold=0.0, cap=k_cap)
         else:
             wanted = self._wanted(requests, k_cap)
-            slowdowns = {layout: self._slowdowns(layout) for layout in LAYOUTS}
+            slowdowns = self._planning_slowdowns()
             slowdown = {layout: s[0] for layout, s in slowdowns.items()}
             prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
             switch_s, meanwhile = self._switch_s(requests)
