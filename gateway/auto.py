@@ -386,8 +386,8 @@ class AutoPlanner:
         (d5f5b0e) plain decoding read 1.17-1.20 slow while sd, whose spells were trials of
         drafting for fresh requests or followed the idle moment between two requests (neither
         counted), stood at 1, was settled on it for two thirds of a pass, and delivered what
-        plain decoding did, less the switches. Not the other way: plain decoding is the floor,
-        left only on measurement, and returned to on the model's word."""
+        plain decoding did, less the switches. Not the other way: a drafting layout's reading
+        never prices plain decoding, the floor auto must not lose to."""
         read = {layout: self._slowdowns(layout) for layout in LAYOUTS}
         if not self._enough("ar", self._recent("ar")):
             return read
