@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from minedraft.data_plane.payload import (DRAFTER_RANK, HEADER_FIELDS, HEADER_TAG, INLINE_TOKENS, VERIFIER_RANK,
                                           DraftPayload, MailboxReceiver, _header, _TransferMeter, check_payload,
-                                          empty_payload, step_tag)
+                                          step_tag)
 from minedraft.process_groups import check_backend, master_store, new_group
 
 
@@ -117,14 +117,11 @@ class DistributedDraftReceiver(MailboxReceiver, _DistributedEnd):
         return self._receive_one(timedelta(days=365))
 
     def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
-        self.last_wait_s = 0.0
-        if num_tokens == 0:
-            return empty_payload(step_id, self.device)
-        if self._thread is None:            # NCCL: waiting and receiving are one, in this call
-            payload = self._receive_one(timedelta(seconds=timeout_s))
-        else:
-            payload = self._take(step_id, timeout_s)
-        self._record(check_payload(payload, step_id, num_tokens).nbytes)
+        if self._thread is not None or num_tokens == 0:
+            return super().recv(step_id, num_tokens, timeout_s)
+        self.last_wait_s = 0.0              # NCCL: waiting and receiving are one, in this call
+        payload = check_payload(self._receive_one(timedelta(seconds=timeout_s)), step_id, num_tokens)
+        self._record(payload.nbytes)
         return payload
 
     def abandon(self, step_id: int) -> None:

@@ -9,7 +9,7 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as load_arrays
 from safetensors.numpy import save as save_arrays
 
-from minedraft.data_plane.payload import DraftPayload, Mailbox, MailboxReceiver, _TransferMeter, check_payload
+from minedraft.data_plane.payload import DraftPayload, Mailbox, MailboxReceiver, _TransferMeter
 
 # The payload's bytes are a safetensors blob holding this one tensor: the format says dtype,
 # shape and byte order itself (little-endian whatever the host's), and is checked on load.
@@ -40,11 +40,6 @@ class InBandDraftReceiver(MailboxReceiver):
 
     def deliver(self, payload: DraftPayload) -> None:
         self._put(payload)
-
-    def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
-        payload = check_payload(self._take(step_id, timeout_s), step_id, num_tokens)
-        self._record(payload.nbytes)
-        return payload
 
     def close(self) -> None:
         with self._cond:

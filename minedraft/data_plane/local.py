@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from minedraft.data_plane.payload import DraftPayload, MailboxReceiver, _TransferMeter, check_payload, empty_payload
+from minedraft.data_plane.payload import DraftPayload, MailboxReceiver, _TransferMeter
 
 logger = logging.getLogger("minedraft.data_plane")
 
@@ -119,16 +119,7 @@ class LocalDraftReceiver(MailboxReceiver):
             raise ValueError(f"data plane: step {step_id} announced {num_tokens} draft tokens "
                              f"(at most {MAX_FRAME_TOKENS}, and a step without drafts sends nothing)")
         body = _read_exactly(self._conn, num_tokens * _TOKEN_BYTES)
-        token_ids = torch.frombuffer(body, dtype=torch.int64)
-        return DraftPayload(step_id, token_ids.to(self.device) if self.device.type != "cpu" else token_ids)
-
-    def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
-        self.last_wait_s = 0.0
-        if num_tokens == 0:
-            return empty_payload(step_id, self.device)
-        payload = check_payload(self._take(step_id, timeout_s), step_id, num_tokens)
-        self._record(payload.nbytes)
-        return payload
+        return DraftPayload(step_id, torch.frombuffer(body, dtype=torch.int64).to(self.device))
 
     def close(self) -> None:
         self._mark_closed()

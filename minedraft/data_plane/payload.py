@@ -126,6 +126,8 @@ class MailboxReceiver(_TransferMeter):
     `_receive_next`, which raises once the peer is gone or the end is closed) or by another
     caller (`_put`)."""
 
+    device = torch.device("cpu")            # where payloads arrive (ends on a GPU set their own)
+
     def __init__(self) -> None:
         _TransferMeter.__init__(self)       # explicitly: subclasses mix in other ends
         self._mailbox = Mailbox()
@@ -175,6 +177,16 @@ class MailboxReceiver(_TransferMeter):
                     raise TimeoutError(f"data plane: no drafts for step {step_id} after {timeout_s:.1f}s")
             payload, arrived_at = self._mailbox.take(step_id)
         self.last_wait_s = max(0.0, arrived_at - start)
+        return payload
+
+    def recv(self, step_id: int, num_tokens: int, timeout_s: float = 60.0) -> DraftPayload:
+        """The step's drafts, held to what its control message promised (a step with none
+        waits for nothing)."""
+        self.last_wait_s = 0.0
+        if num_tokens == 0:
+            return empty_payload(step_id, self.device)
+        payload = check_payload(self._take(step_id, timeout_s), step_id, num_tokens)
+        self._record(payload.nbytes)
         return payload
 
     def abandon(self, step_id: int) -> None:
