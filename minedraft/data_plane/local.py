@@ -85,13 +85,23 @@ def _handshake(key: str) -> bytes:
 
 class LocalDraftReceiver(MailboxReceiver):
     """Verifier end: accepts the one drafter that presents the pairing's key, then its thread
-    reads frames as they come. Blocks in the constructor until that drafter joins."""
+    reads frames as they come. Blocks in the constructor until that drafter joins, and then,
+    joined or not, closes the listener and removes its socket: one drafter a socket, nobody
+    else gets in."""
 
     def __init__(self, listener: socket.socket, key: str, device: torch.device | str = "cpu",
                  connect_timeout_s: float = 60.0) -> None:
         super().__init__()
         self.device = torch.device(device)
-        self._conn = self._accept(listener, _handshake(key), connect_timeout_s)
+        path = listener.getsockname()
+        try:
+            self._conn = self._accept(listener, _handshake(key), connect_timeout_s)
+        finally:
+            listener.close()
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         self._start_receiving()
 
     @staticmethod

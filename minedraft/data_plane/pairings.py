@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import secrets
 import threading
+from functools import partial
+from typing import Callable
 
 import torch
 
@@ -74,14 +75,18 @@ class DraftPairings:
             pairing.receiver = InBandDraftReceiver()
             pairing.formed.set()
             address = ""
-        elif self._sockets is not None:
-            address = self._sockets.socket_path(secrets.token_hex(8))
-            threading.Thread(target=self._form_local, args=(drafter_id, pairing, listen_socket(address)),
-                             name=f"pair-{drafter_id[:8]}", daemon=True).start()
         else:
-            store = listen_store(self.bind_host, 0, self.connect_timeout_s)
-            address = f"{self.advertise_host}:{store.port}"
-            threading.Thread(target=self._form, args=(drafter_id, pairing, store),
+            if self._sockets is not None:
+                address = self._sockets.socket_path(secrets.token_hex(8))
+                listener = listen_socket(address)
+                open_receiver = partial(LocalDraftReceiver, listener, pairing.key, self.device,
+                                        self.connect_timeout_s)
+            else:
+                store = listen_store(self.bind_host, 0, self.connect_timeout_s)
+                address = f"{self.advertise_host}:{store.port}"
+                open_receiver = partial(DistributedDraftReceiver, self.bind_host, store.port, backend=self.backend,
+                                        device=self.device, connect_timeout_s=self.connect_timeout_s, store=store)
+            threading.Thread(target=self._form, args=(drafter_id, pairing, open_receiver),
                              name=f"pair-{drafter_id[:8]}", daemon=True).start()
         with self._lock:
             self._pairings[drafter_id] = pairing
@@ -95,32 +100,15 @@ class DraftPairings:
             raise PermissionError(f"drafter_id: {drafter_id!r} is paired already; only that drafter, "
                                   f"with its pairing_key, may pair again or leave")
 
-    def _form(self, drafter_id: str, pairing: _Pairing, store) -> None:
+    def _form(self, drafter_id: str, pairing: _Pairing, open_receiver: Callable[[], DraftReceiver]) -> None:
+        """On its own thread: open_receiver blocks until the drafter joins its end."""
         try:
-            pairing.receiver = DistributedDraftReceiver(
-                self.bind_host, store.port, backend=self.backend, device=self.device,
-                connect_timeout_s=self.connect_timeout_s, store=store)
+            pairing.receiver = open_receiver()
             logger.info("data plane %s paired with drafter %s", self.backend, drafter_id)
         except BaseException as err:                      # the drafter never joined
             pairing.error = err
             logger.warning("drafter %s did not join its data-plane pairing: %s", drafter_id, err)
         finally:
-            pairing.formed.set()
-
-    def _form_local(self, drafter_id: str, pairing: _Pairing, listener) -> None:
-        path = listener.getsockname()
-        try:
-            pairing.receiver = LocalDraftReceiver(listener, pairing.key, self.device, self.connect_timeout_s)
-            logger.info("data plane unix paired with drafter %s", drafter_id)
-        except BaseException as err:                      # the drafter never joined
-            pairing.error = err
-            logger.warning("drafter %s did not join its data-plane pairing: %s", drafter_id, err)
-        finally:
-            listener.close()                              # one drafter a socket: no one else gets in
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
             pairing.formed.set()
 
     def deliver(self, drafter_id: str, payload: DraftPayload) -> None:
