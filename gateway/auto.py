@@ -66,6 +66,15 @@ SETTLE_S = {"ar": 0.3, "sd": 0.0, "psd": 0.0}   # ... and this long has passed s
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free) ...
+MEASURED_MARGIN = 1.03      # ... or only this much where both were measured for CONFIRM_S lately:
+                            # their rates are then what they delivered, not the model's word, and
+                            # a layout 3-9% ahead is worth having (psd k=4 at C = 2 on the unix
+                            # plane: 5% ahead of plain decoding, which auto kept on the 10% margin)
+CONFIRM_S = 2.0             # A trial that reads its layout within CONFIRM_WITHIN of the settled one
+CONFIRM_WITHIN = 0.97       # goes on until this long of it is measured (CONFIRM_MAX_S at most), so
+CONFIRM_MAX_S = 4.0         # that MEASURED_MARGIN can judge it; that time is not charged to the
+                            # trial budget (the layout runs about as fast as the settled one). A
+                            # trial's 0.3-1.5 s reads a layout's rate 5-10% either way here
 TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a drafting layout
                             # costs one step's drain and no catch-up, and plain decoding is what
                             # auto must never lose to (kept on the 10% margin, psd ran at 0.89
@@ -142,6 +151,14 @@ class _Spell:
     batch_steps: int = 0            # mean batch: a spell is measured against its plan's steps
 
 
+class _Trial(NamedTuple):
+    """A layout being tried (see AutoPlanner._layout_to_try)."""
+    layout: str
+    since: float
+    first: bool                     # its first measurement (free of the trial budget), not a re-check
+    confirming: float | None = None     # since when it runs on to be measured for CONFIRM_S
+
+
 class _Measured(NamedTuple):
     """A spell measured: what it delivered and how long it took. What the model says it
     should have taken is asked again whenever it is read (`AutoPlanner._predicted_s`)."""
@@ -193,9 +210,7 @@ class AutoPlanner:
         self._planned_at = float("-inf")
         self._planned_for = 0
         self._steps = 0                 # verify steps come back (plain ones on the way to drafting not counted)
-        # The layout being tried: (layout, since, whether it is its first measurement rather
-        # than a re-check).
-        self._exploring: tuple[str, float, bool] | None = None
+        self._exploring: _Trial | None = None      # the layout being tried
         self._steady = False            # the last plan ran requests (not the first after idling)
         self._settling = 0              # steps of the new layout still to come back after a switch ...
         self._settle_until = float("-inf")      # ... and when it has settled at the earliest
@@ -418,12 +433,12 @@ class AutoPlanner:
         # Whether the plan in force was a layout's trial: ending one is not leaving that layout
         # (see _held_back); with plain decoding held (FLOOR_MEASURED_S), a trial that measured
         # a layout well ended in plain decoding, and the layout was then held back for 15 s.
-        outgoing_trial = self._exploring is not None and self.plan.layout == self._exploring[0]
+        outgoing_trial = self._exploring is not None and self.plan.layout == self._exploring.layout
         if self._steady:                    # the plan in force ran requests until now
             ran = now - self._planned_at
-            # A layout's first measurement is free of the budget (see _may_explore): only
-            # re-checks spend it.
-            tried = self._exploring is not None and self.plan.layout == self._exploring[0] and not self._exploring[2]
+            # A layout's first measurement is free of the budget (see _may_explore), and so is
+            # a trial's running on to be confirmed (CONFIRM_S): only re-checks spend it.
+            tried = (outgoing_trial and not self._exploring.first and self._exploring.confirming is None)
             decay = math.exp(-ran / EXPLORE_WINDOW_S)
             self._running_s = self._running_s * decay + ran
             self._trial_s = self._trial_s * decay + (ran if tried else 0.0)
@@ -505,7 +520,7 @@ class AutoPlanner:
                         {k: tuple(round(x, 2) for x in self._slowdowns(k)) for k in LAYOUTS},
                         "lent" if costs.lending_pays else "own",
                         "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
-                        f"; trying {self._exploring[0]}" if self._exploring
+                        f"; trying {self._exploring.layout}" if self._exploring
                         else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
         return plan
@@ -543,12 +558,16 @@ class AutoPlanner:
         """A contender not measured lately (or the one being tried, until it has been)."""
         now = time.monotonic()
         if self._exploring is not None:
-            layout, since, _ = self._exploring
+            layout, since, _, confirming = self._exploring
             measured = self._enough(layout, self._recent(layout, since))
             if layout in best.considered and not measured and now - since < self._trial_cap_s(layout):
                 return layout
+            if measured and self._to_confirm(layout, best, since, now):
+                if confirming is None:
+                    self._exploring = self._exploring._replace(confirming=now)
+                return layout
             self._exploring = None
-            self._trial_length_s = now - since
+            self._trial_length_s = (now if confirming is None else confirming) - since
             if measured:                            # the fresh measurement replaces the old one
                 spells = self._measured[layout]
                 while spells and spells[0].ended < since:
@@ -557,13 +576,17 @@ class AutoPlanner:
         # The best is tried only to measure it, while the settled layout may keep it out on the
         # margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms steps sd
         # was predicted 7% ahead of plain decoding and not run for 12 s, its prediction never put
-        # to the test. Not while fewer requests run than the settled layout was chosen for (a
-        # wave's first or last request keeps it untried), nor at another load; the plain
-        # decoding a server starts with was chosen for none.
+        # to the test. So it is where too little of it was measured lately for MEASURED_MARGIN
+        # to judge it against a settled layout measured that long (at C = 2, psd was predicted
+        # 0-5% ahead of plain decoding from a 0.6 s first trial and never run again). Not while
+        # fewer requests run than the settled layout was chosen for (a wave's first or last
+        # request keeps it untried), nor at another load; the plain decoding a server starts
+        # with was chosen for none.
         at_its_load = self._settled_for == 0 or self._settled_for <= running <= 2 * self._settled_for
         for layout, rate in best.considered.items():
             unmeasured = not self._enough(layout, self._recent(layout))
-            if layout == best.layout and (layout == self._settled or not unmeasured or not at_its_load):
+            if layout == best.layout and (layout == self._settled or not at_its_load
+                                          or not (unmeasured or self._confirmable(layout, now))):
                 continue
             # A trial needs a chance of winning: the layout's rate were it to run no slower
             # against the cost model than the best does (its own measured slowdown, where
@@ -605,10 +628,42 @@ class AutoPlanner:
                     self._floor_wait = 4 * self._floor_wait if 4 * self._floor_wait < FLOOR_STALE_S else None
                 elif stale:         # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
-                self._exploring = (layout, now, not self._measured[layout])
+                self._exploring = _Trial(layout, now, not self._measured[layout])
                 self.explorations += 1
                 return layout
         return None
+
+    def _to_confirm(self, layout: str, best: Plan, since: float, now: float) -> bool:
+        """Whether a trial of `layout` begun at `since`, measured enough to be judged, is to
+        run on until CONFIRM_S of it is measured: it reads within CONFIRM_WITHIN of the settled
+        layout but not past the margin that would have it chosen as measured so far (more of
+        it measured may decide either way), the settled layout is measured well enough itself
+        for MEASURED_MARGIN to judge the two, and the trial is under CONFIRM_MAX_S old."""
+        settled = best.considered.get(self._settled)
+        if layout == self._settled or settled is None or now - since >= CONFIRM_MAX_S:
+            return False
+        # (What the trial measures replaces the layout's older spells when it ends: under
+        # CONFIRM_S of it, a drafting layout is judged on the wide margin.)
+        margin = TO_PLAIN_MARGIN if layout == "ar" else SWITCH_MARGIN
+        return (CONFIRM_WITHIN * settled <= best.considered.get(layout, 0.0) < margin * settled
+                and self._measured_s(layout, since) < CONFIRM_S
+                and self._measured_s(self._settled, now - SLOWDOWN_SPAN_S) >= CONFIRM_S)
+
+    def _confirmable(self, layout: str, now: float) -> bool:
+        """Whether measuring `layout` for CONFIRM_S would let MEASURED_MARGIN judge it against
+        the settled layout: the settled one is measured that long within the last
+        SLOWDOWN_SPAN_S, and `layout` is not."""
+        since = now - SLOWDOWN_SPAN_S
+        return self._measured_s(self._settled, since) >= CONFIRM_S and self._measured_s(layout, since) < CONFIRM_S
+
+    def _switch_margin(self, layout: str, now: float) -> float:
+        """How much faster than the settled layout a drafting `layout` must be predicted to be
+        chosen over it: SWITCH_MARGIN, or MEASURED_MARGIN where both were measured for
+        CONFIRM_S within the last SLOWDOWN_SPAN_S."""
+        since = now - SLOWDOWN_SPAN_S
+        if self._measured_s(layout, since) >= CONFIRM_S and self._measured_s(self._settled, since) >= CONFIRM_S:
+            return MEASURED_MARGIN
+        return SWITCH_MARGIN
 
     def _may_explore(self, reserve: bool = True) -> bool:
         """Whether a layout measured before may be tried again now: re-checks so far took at
@@ -672,7 +727,7 @@ class AutoPlanner:
                 and now - self._settled_at < FLOOR_HOLD_MAX_S
                 and self._measured_s("ar", since=now - SLOWDOWN_SPAN_S) < FLOOR_MEASURED_S):
             return "ar"
-        margin = TO_PLAIN_MARGIN if best.layout == "ar" else SWITCH_MARGIN
+        margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now)
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
                 and _same_load(running, self._settled_for)):
             return self._settled

@@ -2159,3 +2159,71 @@ def test_a_drafting_layout_not_measured_is_priced_at_plain_decodings_slowdown_at
         planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0] + at, 1.0, 1.3))
     considered = planner.replan(requests, K_MAX).considered
     assert considered["psd"] < considered["ar"]
+
+
+def _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s: float):
+    """-> (planner, 8 requests) whose model puts psd 4% ahead of plain decoding (inside
+    SWITCH_MARGIN, outside MEASURED_MARGIN), settled in plain decoding for them, and
+    `ar_measured_s` of it measured as predicted."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=1e-3, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    planner._settled, planner._settled_for = "ar", len(requests)
+    planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], ar_measured_s, ar_measured_s))
+    rates = choose_plan(costs, planner._wanted(requests, K_MAX), K_MAX).considered
+    assert auto.MEASURED_MARGIN < rates["psd"] / rates["ar"] < auto.SWITCH_MARGIN
+    return planner, requests
+
+
+@pytest.mark.parametrize("psd_delivers, chosen", [(1.0, True), (0.97, False)])
+def test_a_layout_a_little_ahead_is_measured_on_until_the_smaller_margin_can_judge_it(
+        clock, budget_of_5_percent, psd_delivers, chosen):
+    """psd predicted 4% ahead of plain decoding, settled: its first trial, while plain
+    decoding is measured for less than CONFIRM_S, ends once measured enough and leaves psd
+    out on the 10% margin. Re-checked once plain decoding is measured that long, the trial
+    runs on until CONFIRM_S of psd is measured (it reads within CONFIRM_WITHIN), and the two
+    are then judged on MEASURED_MARGIN: psd delivering as predicted (4% ahead) is chosen and
+    kept; delivering 3% less (1% ahead), it is not. The time the trial ran on is not charged
+    to the trial budget."""
+    from gateway import auto
+
+    planner, requests = _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s=1.0)
+    run = _spell_runner(planner, clock, requests, {"psd": psd_delivers})
+    spell_s = 0.1
+    ran = [run(spell_s) for _ in range(30)]
+    first = "".join(layout[0] for layout in ran)
+    assert "p" in first and planner._settled == "ar", first     # its first trial: short
+    assert first.count("p") * spell_s < auto.CONFIRM_S / 2, first
+    assert planner._measured_s("ar") >= auto.CONFIRM_S
+    while planner._exploring is None or planner._exploring.layout != "psd":     # the re-check
+        ran.append(run(spell_s))
+        assert len(ran) < 2000, "never re-checked"
+    budget_before = planner._trial_s
+    began = clock[0]
+    while planner._exploring is not None:
+        ran.append(run(spell_s))
+    assert auto.CONFIRM_S <= clock[0] - began <= auto.CONFIRM_MAX_S + spell_s, clock[0] - began
+    assert planner._measured_s("psd", since=began) >= auto.CONFIRM_S
+    later = [run(spell_s) for _ in range(50)]
+    if chosen:
+        assert planner._settled == "psd" and later.count("psd") == len(later)
+    else:
+        assert planner._settled == "ar" and later.count("ar") >= len(later) - 1
+    # Charged: the trial up to its usual end, not the CONFIRM_S it ran on for.
+    charged = planner._trial_s - budget_before
+    assert 0.0 < charged < auto.CONFIRM_S / 2, charged
+
+
+def test_a_trial_that_reads_its_layout_well_behind_ends_once_measured(clock, budget_of_5_percent):
+    """psd delivering 0.85 of its prediction (0.88 of plain decoding, outside CONFIRM_WITHIN):
+    its trial ends as soon as it is measured enough, however well plain decoding is measured."""
+    from gateway import auto
+
+    planner, requests = _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s=3.0)
+    run = _spell_runner(planner, clock, requests, {"psd": 0.85})
+    ran = [run(0.1) for _ in range(30)]
+    assert "psd" in ran and planner._settled == "ar"
+    assert ran.count("psd") * 0.1 < auto.CONFIRM_S / 2, ran
