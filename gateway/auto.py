@@ -81,6 +81,11 @@ TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a d
                             # of plain decoding for the rest of a run at C = 8)
 TRIAL_MARGIN = 1.25         # drafting for requests not yet measured must be predicted this much
                             # faster than plain decoding at their hopeful price (see _hopeful_plan)
+TRIAL_BACKOFF_S = (0.5, 30.0)   # after such a trial that left the plan in plain decoding, the next
+                            # waits this long, twice as long after each one more in a row, up to
+                            # the second figure; one after which drafting was chosen ends the wait
+                            # (at C = 1 on the bundled pair, whose requests draft alike, one began
+                            # for every request, 34 in 33 s, each two switches, none chosen on)
 EXPLORE_WITHIN = 0.9        # try a layout not measured lately if predicted this close to the best
                             # (its measured slowdown, where worse than the best's, set aside)
 FIRST_EXPLORE_WITHIN = 0.6      # ... from this close while it was never measured (early in a run)
@@ -232,6 +237,8 @@ class AutoPlanner:
         self.request_trials = 0         # trials of drafting for fresh requests on a hopeful price ...
         # ... and the one in force: (until when at most, the requests it was begun for).
         self._request_trial: tuple[float, frozenset[str]] | None = None
+        self._trial_wait_s = 0.0        # how long after the latest that left plain decoding the next waits ...
+        self._trial_ended = float("-inf")   # ... and when that one ended
         self._started = time.monotonic()
         self._running_s = 0.0           # time with requests running, from plan to plan, lately ...
         self._trial_s = 0.0             # ... and the part of it spent on trials (both decaying)
@@ -489,9 +496,15 @@ class AutoPlanner:
                                    prefill_slowdown=prefill_slowdown, **switching)
                 plan = replace(plan, considered=best.considered)
             trial, self._request_trial = self._request_trial, None
-            if plan.layout == "ar" and not moved and trying is None and self._fewer_since is None:
-                found = self._hopeful_plan(requests, k_cap, plan, best.considered, trial, now, slowdown=slowdown,
-                                           prefill_slowdown=prefill_slowdown, **switching)
+            hoping = plan.layout == "ar" and not moved and trying is None and self._fewer_since is None
+            fresh = self._fresh(requests, k_cap)
+            if trial is not None and not (hoping and now < trial[0] and not trial[1].isdisjoint(fresh)):
+                if hoping or (plan.layout != "ar" and trying is None):     # (not ended by a load
+                    self._trial_outcome(drafting=not hoping, now=now)       # change or a layout's trial)
+                trial = None
+            if hoping and fresh:
+                found = self._hopeful_plan(requests, fresh, k_cap, plan, best.considered, trial, now,
+                                           slowdown=slowdown, prefill_slowdown=prefill_slowdown, **switching)
                 if found is not None:
                     hopeful, self._request_trial = found
                     plan, trying = replace(hopeful, considered=best.considered), hopeful.layout
@@ -744,17 +757,23 @@ class AutoPlanner:
         req.draft_reach = self.acceptance.reach(req.seq.stats, hopeful=self._request_trial is not None)
         return self.plan.draft_length(req.draft_reach, cap)
 
-    def _hopeful_plan(self, requests: list[ActiveRequest], k_cap: int, plain: Plan, considered: dict[str, float],
-                      trial: tuple[float, frozenset[str]] | None, now: float,
+    def _fresh(self, requests: list[ActiveRequest], k_cap: int) -> list[str]:
+        """The requests that may draft and have drafted too little to tell their acceptance
+        (AcceptanceEstimate.fresh)."""
+        return [r.request_id for r in requests if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats)]
+
+    def _hopeful_plan(self, requests: list[ActiveRequest], fresh: list[str], k_cap: int, plain: Plan,
+                      considered: dict[str, float], trial: tuple[float, frozenset[str]] | None, now: float,
                       **planning) -> tuple[Plan, tuple[float, frozenset[str]]] | None:
-        """A trial of drafting for the fresh requests, where the plan is plain decoding, which
+        """A trial of drafting for the `fresh` requests, where the plan is plain decoding, which
         would never measure them (AcceptanceEstimate.fresh): the best drafting layout with one
         of them priced hopefully, if that is predicted TRIAL_MARGIN faster than `plain` and the
         hope is what puts it there (at its price as `considered`, the layout was not
         SWITCH_MARGIN faster: one chosen against for other reasons, say held back, stays so);
         -> (that plan, the trial: until when at most, for which requests), or None.
-        Once begun (`trial`), it goes on while any request it was begun for is fresh, for
-        the time of 2 * MIN_REQUEST_STEPS of its steps at most (EXPLORE_MAX_S at least): a
+        Once begun (`trial`, the one still in force), it goes on while any request it was
+        begun for is fresh, for the time of 2 * MIN_REQUEST_STEPS of its steps at most
+        (EXPLORE_MAX_S at least): a
         request drafted badly would otherwise leave it after a step or two, never measured,
         and the requests measured, the good ones alone, would read as alike. Its spells are
         not counted: what it delivers is the hope's error, not the layout's pace. In the
@@ -771,11 +790,9 @@ class AutoPlanner:
         The margin is wide because a trial's gain is the hope's, a standard deviation's worth:
         on the bundled pair, whose requests differ little, psd and plain decoding within 5% of
         each other at C = 2 and 4, a trial at SWITCH_MARGIN began for nearly every new request
-        (every 0.4-0.6 s) and auto fell from 1.08 to 0.91 of the best fixed setting at C = 4."""
-        fresh = [r.request_id for r in requests if self._max_draft(r, k_cap) and self.acceptance.fresh(r.seq.stats)]
-        if not fresh:
-            return None
-        ongoing = trial is not None and now < trial[0] and not trial[1].isdisjoint(fresh)
+        (every 0.4-0.6 s) and auto fell from 1.08 to 0.91 of the best fixed setting at C = 4.
+        Trials that keep leaving the plan in plain decoding come ever more rarely (TRIAL_BACKOFF_S)."""
+        ongoing = trial is not None
         hoped = next(r for r in fresh if r in trial[1]) if ongoing else fresh[0]
         hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful_for=hoped), k_cap,
                               layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
@@ -783,11 +800,22 @@ class AutoPlanner:
             return None
         if ongoing:
             return hopeful, trial
-        if (hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
+        if (now - self._trial_ended < self._trial_wait_s
+                or hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
                 or considered.get(hopeful.layout, 0.0) >= SWITCH_MARGIN * plain.tokens_per_s):
             return None
         steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
         return hopeful, (now + max(EXPLORE_MAX_S, steps_s), frozenset(fresh))
+
+    def _trial_outcome(self, drafting: bool, now: float) -> None:
+        """A trial of drafting for fresh requests ended, and the plan after it drafts (on the
+        numbers, not another such trial) or not: see TRIAL_BACKOFF_S."""
+        if drafting:
+            self._trial_wait_s = 0.0
+        else:
+            least, most = TRIAL_BACKOFF_S
+            self._trial_wait_s = min(most, max(least, 2 * self._trial_wait_s))
+            self._trial_ended = now
 
     def _wanted(self, requests: list[ActiveRequest], k_cap: int, hopeful_for: str | None = None) -> list[PlanRequest]:
         """The requests as the chooser takes them: each one's reach (request `hopeful_for`'s

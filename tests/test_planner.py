@@ -2227,3 +2227,56 @@ def test_a_trial_that_reads_its_layout_well_behind_ends_once_measured(clock, bud
     ran = [run(0.1) for _ in range(30)]
     assert "psd" in ran and planner._settled == "ar"
     assert ran.count("psd") * 0.1 < auto.CONFIRM_S / 2, ran
+
+
+def test_trials_for_fresh_requests_that_leave_plain_decoding_come_ever_more_rarely(clock, no_trials, monkeypatch):
+    """Each trial of drafting for a fresh request after which plain decoding stays doubles the
+    wait before the next (TRIAL_BACKOFF_S), up to its cap; one after which drafting is chosen
+    for the request ends the wait. (At C = 1 on the bundled pair a trial began for every
+    request, and plain decoding stayed after each.)"""
+    from gateway import auto
+    from gateway.acceptance_estimate import AcceptanceEstimate
+
+    monkeypatch.setattr(auto, "TRIAL_BACKOFF_S", (0.5, 4.0))   # (within FLOOR_STALE_S: no re-check of
+    costs = StepCosts(draft_per_forward=0.01, draft_per_token=0.001, draft_fixed=0.0,   # plain decoding)
+                      verify_fixed=0.1, verify_per_token=0.05, gateway_per_step=0.001)
+    planner = _planner_with(costs)
+    _pool_of_good_and_bad(planner)
+    serial = iter(range(1000))
+
+    def arrives() -> tuple[object, bool]:
+        """A new request, alone: -> (it, whether a trial of drafting began for it)."""
+        request = _active(next(serial))
+        trials = planner.request_trials
+        plan = planner.replan([request], K_MAX)
+        assert (plan.layout != "ar") == (planner.request_trials > trials)
+        return request, planner.request_trials > trials
+
+    def trial(request, accepted: int) -> str:
+        for _ in range(AcceptanceEstimate.MIN_REQUEST_STEPS):
+            clock[0] += 0.05
+            planner.acceptance.record(request.seq.stats, K_MAX, accepted)
+            planner.observe_step(planner.plan.layout, 1 + accepted, 0, 1, expected=1.0 + accepted)
+            planner.replan([request], K_MAX)
+        return planner.plan.layout
+
+    least, most = auto.TRIAL_BACKOFF_S
+    request, began = arrives()
+    assert began and trial(request, accepted=0) == "ar"
+    wait = least
+    waits = []
+    while wait < most:
+        clock[0] += 0.9 * wait
+        assert not arrives()[1], wait                   # not yet
+        clock[0] += 0.2 * wait
+        request, began = arrives()
+        assert began, wait
+        assert trial(request, accepted=0) == "ar"
+        waits.append(wait)
+        wait = min(most, 2 * wait)
+    assert len(waits) == 3 and planner._trial_wait_s == most
+    clock[0] += 1.1 * most
+    _pool_of_good_and_bad(planner)                      # (as before the bad requests above)
+    request, began = arrives()
+    assert began and trial(request, accepted=K_MAX) == "sd"      # drafting chosen on its record
+    assert planner._trial_wait_s == 0.0                 # the next newcomer's trial: at once
