@@ -464,7 +464,8 @@ class AutoPlanner:
             prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
             switch_s, meanwhile = self._switch_s(requests)
             switching = dict(switch_s=switch_s, horizon_s=SWITCH_HORIZON_S, meanwhile_tokens_per_s=meanwhile)
-            best = choose_plan(self.costs(), wanted, k_cap, slowdown=slowdown, prefill_slowdown=prefill_slowdown,
+            best = choose_plan(self.costs(), wanted, k_cap, layouts=self._layouts(len(requests)), slowdown=slowdown,
+                               prefill_slowdown=prefill_slowdown,
                                **switching)
             if self._held_back(best.layout, requests, now):
                 others = tuple(layout for layout in best.considered
@@ -538,6 +539,17 @@ class AutoPlanner:
         self.plan = plan
         return plan
 
+    def _layouts(self, running: int) -> tuple[str, ...]:
+        """The layouts a plan for `running` requests chooses from: psd with one request runs as
+        sd does (one batch empty), so it is one only where it is in force, to be kept through
+        a moment of one request (at C = 2 a closed loop runs one between a request's end and
+        the next's arrival, and psd, settled, was left for plain decoding at nearly every one
+        of them, then held back); otherwise its measured slowdown, read at two or more,
+        would price sd's steps."""
+        if running >= 2 or "psd" in (self._settled, self.plan.layout):
+            return LAYOUTS
+        return tuple(layout for layout in LAYOUTS if layout != "psd")
+
     def _held_back(self, layout: str, requests: list[ActiveRequest], now: float) -> bool:
         """Whether `layout` is not to be chosen on the model's word now: a drafting layout the
         plan moved off less than HELD_BACK_S ago at about this load, for requests some of which
@@ -597,6 +609,8 @@ class AutoPlanner:
         # with was chosen for none.
         at_its_load = self._settled_for == 0 or self._settled_for <= running <= 2 * self._settled_for
         for layout, rate in best.considered.items():
+            if layout == "psd" and running < 2:         # (it runs as sd: see _layouts)
+                continue
             unmeasured = not self._enough(layout, self._recent(layout))
             if layout == best.layout and (layout == self._settled or not at_its_load
                                           or not (unmeasured or self._confirmable(layout, now))):
@@ -741,8 +755,9 @@ class AutoPlanner:
                 and self._measured_s("ar", since=now - SLOWDOWN_SPAN_S) < FLOOR_MEASURED_S):
             return "ar"
         margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now)
+        alone_in_psd = self._settled == "psd" and running < 2       # (sd's steps: see _layouts)
         if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
-                and _same_load(running, self._settled_for)):
+                and _same_load(running, self._settled_for) and not alone_in_psd):
             return self._settled
         return None
 
@@ -795,7 +810,7 @@ class AutoPlanner:
         ongoing = trial is not None
         hoped = next(r for r in fresh if r in trial[1]) if ongoing else fresh[0]
         hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful_for=hoped), k_cap,
-                              layouts=tuple(x for x in LAYOUTS if x != "ar"), **planning)
+                              layouts=tuple(x for x in self._layouts(len(requests)) if x != "ar"), **planning)
         if hopeful.layout == "ar":
             return None
         if ongoing:

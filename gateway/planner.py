@@ -183,7 +183,9 @@ def _psd_order(ks: tuple[int, ...]) -> list[int]:
 
 def layout_step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float | None:
     """The time of one step (a cycle of both batches in psd) with these draft lengths; None
-    where the layout does not apply (drafts in ar, none in sd or psd, psd with one request)."""
+    where the layout does not apply (drafts in ar, none in sd or psd). psd with one request
+    runs as sd does, one batch empty (the Batch Manager's step records say sd), and is
+    priced so (AutoPlanner._layouts says where it is offered)."""
     g, d = costs.gateway_per_step, costs.data_plane_per_step
     drafting = any(ks)
     if layout == "ar":
@@ -191,10 +193,8 @@ def layout_step_s(layout: str, costs: StepCosts, ks: tuple[int, ...]) -> float |
     if not drafting:
         return None
     hops = 1 if costs.early_verify else 2       # gateway round trips on a batch's way round
-    if layout == "sd":
+    if layout == "sd" or len(ks) < 2:
         return costs.draft(list(ks)) + d + costs.verify(list(ks)) + hops * g
-    if len(ks) < 2:
-        return None
     ordered = sorted(ks, reverse=True)
     halves = (ordered[0::2], ordered[1::2])
     draft = [costs.draft(half) for half in halves]

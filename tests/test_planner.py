@@ -2280,3 +2280,35 @@ def test_trials_for_fresh_requests_that_leave_plain_decoding_come_ever_more_rare
     request, began = arrives()
     assert began and trial(request, accepted=K_MAX) == "sd"      # drafting chosen on its record
     assert planner._trial_wait_s == 0.0                 # the next newcomer's trial: at once
+
+
+def test_psd_settled_is_kept_through_a_moment_of_one_request(clock, no_trials):
+    """At C = 2 in a closed loop one request runs alone between a request's end and the next
+    one's arrival. psd with one request runs as sd does (one batch empty) and is priced so:
+    settled, it is kept through such a moment (LOAD_DROP_S) instead of being left for plain
+    decoding at every one; a plan for one request chooses from the other layouts unless psd
+    is in force, and psd is not tried for one request."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    assert layout_step_s("psd", costs, (3,)) == layout_step_s("sd", costs, (3,))
+    planner = _planner_with(costs)
+    two = [_active(0), _active(1)]
+    plan = planner.replan(two, K_MAX)
+    assert plan.layout == "psd" and planner._settled == "psd", plan.considered
+    clock[0] += 0.2
+    alone = planner.replan(two[:1], K_MAX)                   # the other one has just finished
+    assert alone.layout == "psd" and alone.batches == ((two[0].request_id,), ())
+    clock[0] += 0.01
+    assert planner.replan([two[0], _active(2)], K_MAX).layout == "psd"    # the next one is in
+    clock[0] += 0.2
+    planner.replan(two[:1], K_MAX)
+    clock[0] += auto.LOAD_DROP_S + 0.05
+    assert planner.replan(two[:1], K_MAX).layout != "psd"   # one request for good: planned afresh
+
+    fresh = _planner_with(costs)
+    for _ in range(20):
+        plan = fresh.replan([_active(9)], K_MAX)
+        assert "psd" not in plan.considered and plan.layout != "psd"
+        clock[0] += 0.2
