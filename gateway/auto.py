@@ -788,9 +788,9 @@ class AutoPlanner:
         -> (that plan, the trial: until when at most, for which requests), or None.
         Once begun (`trial`, the one still in force), it goes on while any request it was
         begun for is fresh, for the time of 2 * MIN_REQUEST_STEPS of its steps at most
-        (EXPLORE_MAX_S at least): a
-        request drafted badly would otherwise leave it after a step or two, never measured,
-        and the requests measured, the good ones alone, would read as alike. Its spells are
+        (EXPLORE_MAX_S at least): a request drafted badly would otherwise leave it after a
+        step or two, never measured, and the requests measured, the good ones alone, would
+        read as alike. Its spells are
         not counted: what it delivers is the hope's error, not the layout's pace. In the
         memory-bound stand-in at C = 1, half the requests drafted at 0.9 and half at 0.1:
         the pool's mean put sd level with plain decoding for every newcomer, auto decoded
