@@ -2287,7 +2287,7 @@ def test_psd_settled_is_kept_through_a_moment_of_one_request(clock, no_trials):
     one's arrival. psd with one request runs as sd does (one batch empty) and is priced so:
     settled, it is kept through such a moment (LOAD_DROP_S) instead of being left for plain
     decoding at every one; a plan for one request chooses from the other layouts unless psd
-    is in force, and psd is not tried for one request."""
+    is in force."""
     from gateway import auto
 
     costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
