@@ -74,7 +74,9 @@ CONFIRM_S = 2.0             # A trial that reads its layout within CONFIRM_WITHI
 CONFIRM_WITHIN = 0.97       # goes on until this long of it is measured (CONFIRM_MAX_S at most), so
 CONFIRM_MAX_S = 4.0         # that MEASURED_MARGIN can judge it; that time is not charged to the
                             # trial budget (the layout runs about as fast as the settled one). A
-                            # trial's 0.3-1.5 s reads a layout's rate 5-10% either way here
+                            # trial's 0.3-1.5 s reads a layout's rate a tenth or more either way
+                            # here (psd at C = 2 after its first trial: 0.77-0.95 of plain
+                            # decoding in four servers, where fixed psd k=4 ran 0.98-1.05 of `ar`)
 TO_PLAIN_MARGIN = 1.02      # ... but plain decoding only this much: leaving a drafting layout
                             # costs one step's drain and no catch-up, and plain decoding is what
                             # auto must never lose to (kept on the 10% margin, psd ran at 0.89
@@ -602,8 +604,9 @@ class AutoPlanner:
         # margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms steps sd
         # was predicted 7% ahead of plain decoding and not run for 12 s, its prediction never put
         # to the test. So it is where too little of it was measured lately for MEASURED_MARGIN
-        # to judge it against a settled layout measured that long (at C = 2, psd was predicted
-        # 0-5% ahead of plain decoding from a 0.6 s first trial and never run again). Not while
+        # to judge it against a settled layout measured that long (at C = 2 psd, priced from a
+        # 0.6 s first trial at 0.92-1.04 of plain decoding and at times the best, was never run
+        # again). Not while
         # fewer requests run than the settled layout was chosen for (a wave's first or last
         # request keeps it untried), nor at another load; the plain decoding a server starts
         # with was chosen for none.
