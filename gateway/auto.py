@@ -676,22 +676,22 @@ class AutoPlanner:
         # CONFIRM_S of it, a drafting layout is judged on the wide margin.)
         margin = TO_PLAIN_MARGIN if layout == "ar" else SWITCH_MARGIN
         return (CONFIRM_WITHIN * settled <= best.considered.get(layout, 0.0) < margin * settled
-                and self._measured_s(layout, since) < CONFIRM_S
-                and self._measured_s(self._settled, now - SLOWDOWN_SPAN_S) >= CONFIRM_S)
+                and self._measured_s(layout, since) < CONFIRM_S and self._well_measured(self._settled, now))
+
+    def _well_measured(self, layout: str, now: float) -> bool:
+        """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S: enough
+        for MEASURED_MARGIN to judge it."""
+        return self._measured_s(layout, now - SLOWDOWN_SPAN_S) >= CONFIRM_S
 
     def _confirmable(self, layout: str, now: float) -> bool:
         """Whether measuring `layout` for CONFIRM_S would let MEASURED_MARGIN judge it against
-        the settled layout: the settled one is measured that long within the last
-        SLOWDOWN_SPAN_S, and `layout` is not."""
-        since = now - SLOWDOWN_SPAN_S
-        return self._measured_s(self._settled, since) >= CONFIRM_S and self._measured_s(layout, since) < CONFIRM_S
+        the settled layout: the settled one is well measured, and `layout` is not."""
+        return self._well_measured(self._settled, now) and not self._well_measured(layout, now)
 
     def _switch_margin(self, layout: str, now: float) -> float:
         """How much faster than the settled layout a drafting `layout` must be predicted to be
-        chosen over it: SWITCH_MARGIN, or MEASURED_MARGIN where both were measured for
-        CONFIRM_S within the last SLOWDOWN_SPAN_S."""
-        since = now - SLOWDOWN_SPAN_S
-        if self._measured_s(layout, since) >= CONFIRM_S and self._measured_s(self._settled, since) >= CONFIRM_S:
+        chosen over it: SWITCH_MARGIN, or MEASURED_MARGIN where both are well measured."""
+        if self._well_measured(layout, now) and self._well_measured(self._settled, now):
             return MEASURED_MARGIN
         return SWITCH_MARGIN
 
