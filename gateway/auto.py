@@ -63,6 +63,11 @@ SETTLE_S = {"ar": 0.3, "sd": 0.0, "psd": 0.0}   # ... and this long has passed s
                             # switches: 15-30% slow until 60-70 ms after the switch at C = 2 and
                             # 15-40% until 190 ms at C = 32; 10% until about 280 ms in an earlier
                             # run at C = 32), and a trial of plain decoding was read 5-12% slow
+AFTER_IDLE_STEPS = {"ar": 1, "sd": 1, "psd": 2}   # after idling, a spell is counted from the return
+                            # of this many steps of its layout (each batch's first: its prompts'
+                            # prefill, the pipeline refilling), not from the next plan: at C = 1
+                            # in a closed loop every request follows an idle moment, and a third
+                            # of each was counted (a 1.5 s trial of sd measured 0.21 s of it)
 MATURE_CALLS = 8            # calls of a kind the cost model needs before its predictions are judged
 SWITCH_MARGIN = 1.10        # a new layout must be predicted this much faster than the current (a
                             # switch drains the pipeline and drafting catches up: not free) ...
@@ -149,8 +154,10 @@ class _Spell:
     since: float
     draft_lengths: tuple[int, ...]  # the plan's, one per request (all 0 in plain decoding) ...
     emitted: float                  # ... and the tokens a step of them was expected to give
-    counted: bool                   # not while a switch settles, nor the first after idling (the
-                                    # pipeline refills and drafting catches up: the switch's cost)
+    counted: bool                   # not while a switch settles (the pipeline refills and drafting
+                                    # catches up: the switch's cost) ...
+    after_idle: bool = False        # ... and the first after idling only from the return of its
+                                    # AFTER_IDLE_STEPS (counted turns True then)
     tokens: int = 0                 # delivered to requests by the steps that came back meanwhile
     expected: float = 0.0           # ... and what they were expected to deliver at the k they ran
     prompt_tokens: int = 0          # ... and prefilled by them
@@ -263,6 +270,10 @@ class AutoPlanner:
             self._steps += 1
         if layout == self.plan.layout and self._settling:
             self._settling -= 1
+            spell = self._spell
+            if not self._settling and spell is not None and spell.after_idle:   # counted from now on
+                self._spell = _Spell(spell.layout, time.monotonic(), spell.draft_lengths, spell.emitted, counted=True)
+                return
         if self._spell is not None:
             self._spell.tokens += tokens
             self._spell.expected += tokens if expected is None else expected
@@ -273,9 +284,12 @@ class AutoPlanner:
 
     def idle(self) -> None:
         """Nothing is running: the spell in force ends now, measured up to its last step
-        (the idle time that follows is no layout's), and the first one after it is not
-        counted (the pipeline refills). Ended unmeasured, a layout serving one request after
-        another was never measured: each spell it was counted in ended idle.
+        (the idle time that follows is no layout's). The next begins with the first request
+        after it and is counted from the return of its layout's AFTER_IDLE_STEPS (the
+        prompts' prefill and the pipeline's refill are not its pace). Ended unmeasured, a
+        layout serving one request after another was never measured: each spell it was
+        counted in ended idle; and counted only from the next plan on, a fifth of a second
+        later, a third of each request at C = 1 was.
         The first request after idling keeps the settled layout for LOAD_DROP_S, as any drop
         in load does (_layout_to_keep): with the clock of a drop in the last wave's tail still
         running, the first of the next wave was planned alone (sd, at C = 64), drafted, and
@@ -426,10 +440,12 @@ class AutoPlanner:
     # ---- planning --------------------------------------------------------------------------
     def replan_due(self, running: int) -> bool:
         """Every replan_interval_s, and at once when the requests running have changed by a
-        quarter or more since the last plan (a burst must not run under a plan made for few)."""
+        quarter or more since the last plan (a burst must not run under a plan made for few)
+        or the first request after idling came (its spell begins with it: see idle)."""
         if self.cycle_steps:
             return self._steps >= self.cycle_steps * (self.replans + 1) or not self.replans
-        return self._moved(running) or time.monotonic() - self._planned_at >= self.replan_interval_s
+        return (not self._steady or self._moved(running)
+                or time.monotonic() - self._planned_at >= self.replan_interval_s)
 
     def _moved(self, running: int) -> bool:
         return abs(running - self._planned_for) >= max(2, 0.25 * self._planned_for)
@@ -524,8 +540,12 @@ class AutoPlanner:
                 self._left[self.plan.layout] = (now, frozenset(r.request_id for r in requests))
         if requests and not self.cycle_steps:
             settled = not self._settling and now >= self._settle_until and self._request_trial is None
+            after_idle = settled and not self._steady
+            if after_idle:
+                self._settling = AFTER_IDLE_STEPS[plan.layout]
             self._spell = _Spell(plan.layout, now, tuple(plan.draft_lengths.get(r.request_id, 0) for r in requests),
-                                 plan.decode_tokens_per_s * plan.step_s, counted=self._steady and settled)
+                                 plan.decode_tokens_per_s * plan.step_s, counted=self._steady and settled,
+                                 after_idle=after_idle)
         self._steady = bool(requests)
         if switched:
             self.layout_switches += 1
