@@ -857,19 +857,30 @@ class AutoPlanner:
 
     def _wanted(self, requests: list[ActiveRequest], k_cap: int, hopeful_for: str | None = None) -> list[PlanRequest]:
         """The requests as the chooser takes them: each one's reach (request `hopeful_for`'s
-        priced hopefully, see AcceptanceEstimate.reach) and its own cap."""
+        priced hopefully, see AcceptanceEstimate.reach) and its cap (_priced_draft)."""
         return [PlanRequest(r.request_id, self.acceptance.reach(r.seq.stats, hopeful=r.request_id == hopeful_for),
-                            self._max_draft(r, k_cap))
+                            self._priced_draft(r, k_cap))
                 for r in requests]
 
     @staticmethod
     def _max_draft(req: ActiveRequest, k_cap: int) -> int:
-        """The longest draft the request may get: k_cap, its own cap, and never past its end
-        (Sequence.draft_length: a step gives it at most the tokens it has left, and that is
-        all it drafts). Priced at k_cap instead, a request with two tokens left was worth 1 +
-        the reach of eight drafts; at C = 4 with 64-token outputs a tenth of psd's
-        request-steps are such last steps."""
+        """The longest draft the request may get this step: k_cap, its own cap, and never
+        past its end (Sequence.draft_length: a step gives it at most the tokens it has left,
+        and that is all it drafts)."""
         return req.seq.draft_length(k_cap if req.max_draft is None else min(k_cap, req.max_draft))
+
+    @staticmethod
+    def _priced_draft(req: ActiveRequest, k_cap: int) -> int:
+        """The cap a plan prices the request at: as _max_draft, but within its whole output
+        (max_tokens), not what is left of it. A plan is a layout for the next seconds, and a
+        request one or two steps from its end is one moment of it: priced at what it had
+        left, psd at C = 2 stood at 0.70-0.88 of its usual rate in a quarter of the plans
+        (one of its two requests ending), below plain decoding, and a settled psd was left at
+        such a moment. Each step still drafts only what the request has left; what the last
+        steps lose shows in drafting layouts' measured slowdowns, their spells measured
+        against the plan's steps (a sixteenth of request-steps at k = 4 and 64-token outputs)."""
+        cap = k_cap if req.max_draft is None else min(k_cap, req.max_draft)
+        return max(0, min(cap, req.seq.params.max_tokens - 1))
 
     # ---- showing ---------------------------------------------------------------------------
     def describe(self, planning: bool) -> tuple[generation_pb2.CostModel, generation_pb2.AutoPlan | None]:

@@ -438,12 +438,12 @@ def test_deep_positions_drafted_only_by_the_requests_that_draft_well_are_not_the
     assert list(good) == sorted(good, reverse=True)
 
 
-def _active(i: int, max_draft: int | None = None):
+def _active(i: int, max_draft: int | None = None, max_tokens: int = 64):
     from gateway.request import ActiveRequest
     from minedraft.sampling_params import SamplingParams
     from minedraft.sequence import Sequence
 
-    return ActiveRequest(Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=64), seed=i), None, None,
+    return ActiveRequest(Sequence(f"r{i}", [1, 2, 3], SamplingParams(max_tokens=max_tokens), seed=i), None, None,
                          max_draft=max_draft)
 
 
@@ -794,26 +794,24 @@ def test_requests_get_their_own_draft_lengths_within_their_caps():
     assert planner.draft_length(requests[0], k_cap=0) == 0        # no drafter in the pool
 
 
-def test_a_request_is_planned_no_draft_past_its_end():
-    """A step gives a request at most the tokens it has left (Sequence.draft_length caps what
-    it drafts): the plan prices and drafts it so, and one with a single token left, or
-    several such, is priced as plain decoding would serve it."""
+def test_a_request_is_priced_within_its_whole_output_and_drafts_no_step_past_its_end():
+    """A plan is a layout for the next seconds: a request a step or two from its end is
+    priced at its cap within its whole output (max_tokens), as the others are, and one whose
+    whole output is three tokens at two drafts at most; each step drafts no more than the
+    request has left (Sequence.draft_length caps what it drafts)."""
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
     planner = _planner_with(costs)
-    requests = [_active(i) for i in range(4)]
-    for req, left in zip(requests, (64, 3, 1, 64)):
+    requests = [_active(i) for i in range(3)] + [_active(3, max_tokens=3)]
+    for req, left in zip(requests, (64, 3, 1, 3)):
         req.seq.output_token_ids.extend([5] * (req.seq.params.max_tokens - left))
     plan = planner.replan(requests, K_MAX)
     assert plan.layout in ("sd", "psd")
-    assert plan.draft_lengths["r0"] > 2 and plan.draft_lengths["r3"] > 2
-    assert plan.draft_lengths["r1"] <= 2 and plan.draft_lengths["r2"] == 0
-    assert [planner.draft_length(r, K_MAX) for r in requests[1:3]] == [min(2, plan.draft_lengths["r1"]), 0]
-    emitted = sum(1 + sum(planner.acceptance.reach(r.seq.stats)[:plan.draft_lengths[r.request_id]]) for r in requests)
+    ks = plan.draft_lengths
+    assert ks["r0"] > 2 and ks["r1"] == ks["r2"] == ks["r0"]
+    assert ks["r3"] <= 2
+    assert [planner.draft_length(r, K_MAX) for r in requests[1:3]] == [min(2, ks["r1"]), 0]
+    emitted = sum(1 + sum(planner.acceptance.reach(r.seq.stats)[:ks[r.request_id]]) for r in requests)
     assert plan.decode_tokens_per_s == pytest.approx(emitted / plan.step_s)
-    ending = [_active(i) for i in range(4)]
-    for req in ending:
-        req.seq.output_token_ids.extend([5] * (req.seq.params.max_tokens - 1))
-    assert planner.replan(ending, K_MAX).draft_lengths == {r.request_id: 0 for r in ending}
 
 
 def test_requests_of_one_reach_are_planned_as_one_kind_each_keeping_its_own_draft_length():
