@@ -169,7 +169,8 @@ class _Trial(NamedTuple):
     """A layout being tried (see AutoPlanner._layout_to_try)."""
     layout: str
     since: float
-    first: bool                     # its first measurement (free of the trial budget), not a re-check
+    free: bool                      # free of the trial budget: the layout's first measurement, or a
+                                    # close contender's (AutoPlanner._close), not another re-check
     confirming: float | None = None     # since when it runs on to be measured for CONFIRM_S
 
 
@@ -463,7 +464,7 @@ class AutoPlanner:
             ran = now - self._planned_at
             # A layout's first measurement is free of the budget (see _may_explore), and so is
             # a trial's running on to be confirmed (CONFIRM_S): only re-checks spend it.
-            tried = (outgoing_trial and not self._exploring.first and self._exploring.confirming is None)
+            tried = (outgoing_trial and not self._exploring.free and self._exploring.confirming is None)
             decay = math.exp(-ran / EXPLORE_WINDOW_S)
             self._running_s = self._running_s * decay + ran
             self._trial_s = self._trial_s * decay + (ran if tried else 0.0)
@@ -670,7 +671,8 @@ class AutoPlanner:
             floor_doubted = floor and (overdue or doubted > best.tokens_per_s)
             soon = (floor and self._floor_wait is not None and doubted > best.tokens_per_s
                     and age > self._floor_wait)
-            if self._measured[layout] and not soon and not self._may_explore(reserve=not floor_doubted):
+            close = self._close(layout, best, now)
+            if self._measured[layout] and not soon and not close and not self._may_explore(reserve=not floor_doubted):
                 continue
             stale = age > wait
             if unmeasured or stale or soon:
@@ -678,7 +680,7 @@ class AutoPlanner:
                     self._floor_wait = 4 * self._floor_wait if 4 * self._floor_wait < FLOOR_STALE_S else None
                 elif stale:         # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
-                self._exploring = _Trial(layout, now, not self._measured[layout])
+                self._exploring = _Trial(layout, now, free=close or not self._measured[layout])
                 self.explorations += 1
                 return layout
         return None
@@ -697,6 +699,18 @@ class AutoPlanner:
         margin = TO_PLAIN_MARGIN if layout == "ar" else SWITCH_MARGIN
         return (CONFIRM_WITHIN * settled <= best.considered.get(layout, 0.0) < margin * settled
                 and self._measured_s(layout, since) < CONFIRM_S and self._well_measured(self._settled, now))
+
+    def _close(self, layout: str, best: Plan, now: float) -> bool:
+        """Whether `layout` is a close contender, whose trial is free of the trial budget: it
+        reads within CONFIRM_WITHIN of the settled layout, and measuring it for CONFIRM_S
+        would let MEASURED_MARGIN judge the two (_confirmable). Its trial costs at most that
+        3% while it runs (and runs on to be confirmed, CONFIRM_MAX_S at most), where the
+        budget held it to a first trial's 0.6 s for a server's life: at C = 2 psd k=4 ran at
+        1.05-1.09 of fixed `ar` in a paired run, and auto, pricing psd from that trial at 0.98
+        of plain decoding, decoded plainly throughout."""
+        settled = best.considered.get(self._settled)
+        return (settled is not None and layout != self._settled
+                and best.considered.get(layout, 0.0) >= CONFIRM_WITHIN * settled and self._confirmable(layout, now))
 
     def _well_measured(self, layout: str, now: float) -> bool:
         """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S: enough
@@ -724,7 +738,8 @@ class AutoPlanner:
         they took a quarter of short runs).
         Every layout's first measurement is free of this, and its time is not counted: the
         choice needs one of each (counted, a first trial of a second or so at the start of a
-        short run left no re-check for the rest of it, whatever that trial had measured). At
+        short run left no re-check for the rest of it, whatever that trial had measured), and
+        so is a close contender's (_close), which runs about as fast as the settled layout. At
         low concurrency the layouts are predicted within 10-20% of each other, and
         re-checks each second made auto switch back and forth, paying each switch's drain
         and catch-up, and ran layouts worse than its own choice half the time."""
