@@ -99,6 +99,11 @@ FIRST_EXPLORE_WITHIN = 0.6      # ... from this close while it was never measure
 EXPLORE_MAX_S = 1.5         # ... until enough of it is measured (see _enough), or for this long at
                             # most, or where its steps are long, for the time of twice
                             # MEASURED_ENOUGH_DRAWS request-steps at its predicted pace
+LEAD_PLANS = 2              # a settled layout, running, is left for another only once that one has led
+                            # it past the margin in this many plans in a row at its load: at C = 2
+                            # one plan's price of psd fell 10-15% (a request's first drafts, say)
+                            # and rose back at the next, and psd, settled on 3% (MEASURED_MARGIN),
+                            # was left and taken again 20 times in 45 s
 LOAD_DROP_S = 0.25          # fewer requests than the settled layout was chosen for: kept this long
                             # before the choice follows (a closed loop's wave ends, the next begins)
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
@@ -233,6 +238,9 @@ class AutoPlanner:
         self._settled_for = 0           # ... for this many requests
         self._settled_at = time.monotonic()     # ... since then
         self._fewer_since: float | None = None      # when fewer than that began running
+        # The layout leading the settled one past the margin, in how many plans in a row, the
+        # latest of them (its number in self.replans): see LEAD_PLANS.
+        self._leading = ("", 0, 0)
         # The layout settled for the most requests since the last idle spell (the body of a
         # wave, not its tail), and for how many: what the next wave starts from.
         self._wave_settled: tuple[str, int] | None = None
@@ -782,7 +790,9 @@ class AutoPlanner:
         Plain decoding, settled, is kept whatever the best until FLOOR_MEASURED_S of it is
         measured lately (for FLOOR_HOLD_MAX_S at most): it is what auto must not lose to, and
         it runs meanwhile, so its measurement comes at no cost, where leaving it on a
-        moment's reading of it cost seconds of a worse layout."""
+        moment's reading of it cost seconds of a worse layout.
+        And while it runs, the best must lead it past the margin in LEAD_PLANS plans in a row
+        (one plan's price is a moment's: a request's first drafts, one ending)."""
         current = best.considered.get(self._settled)
         now = time.monotonic()
         if (current is not None and self._fewer_since is not None
@@ -794,9 +804,15 @@ class AutoPlanner:
             return "ar"
         margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now)
         alone_in_psd = self._settled == "psd" and running < 2       # (sd's steps: see _layouts)
-        if (current is not None and best.layout != self._settled and best.tokens_per_s < current * margin
-                and _same_load(running, self._settled_for) and not alone_in_psd):
+        at_its_load = current is not None and _same_load(running, self._settled_for) and not alone_in_psd
+        if at_its_load and best.layout != self._settled and best.tokens_per_s < current * margin:
             return self._settled
+        if at_its_load and best.layout != self._settled and self.plan.layout == self._settled:
+            leading, plans, latest = self._leading
+            in_a_row = plans + 1 if (leading, latest) == (best.layout, self.replans - 1) else 1
+            self._leading = (best.layout, in_a_row, self.replans)
+            if in_a_row < LEAD_PLANS:
+                return self._settled
         return None
 
     def draft_length(self, req: ActiveRequest, k_cap: int) -> int:

@@ -521,6 +521,15 @@ def _measured_spell(planner, requests, layout: str, ended: float, predicted_s: f
 
 
 @pytest.fixture
+def one_plan_leads(monkeypatch):
+    """For tests of other rules, decided plan by plan: one plan's lead is enough to leave the
+    settled layout (LEAD_PLANS)."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "LEAD_PLANS", 1)
+
+
+@pytest.fixture
 def no_first_trial_of_sd(monkeypatch):
     """The usual costs of these tests put sd at 0.74 of psd, within FIRST_EXPLORE_WITHIN: its
     first trial is no part of what they test, and is kept out."""
@@ -1856,7 +1865,8 @@ def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(c
     assert planner.layout_switches == 0
 
 
-def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(clock, monkeypatch, no_trials):
+def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_not_its_tail(
+        clock, monkeypatch, no_trials, one_plan_leads):
     """A wave of eight settles on plain decoding; its tail (two requests for a while) settles
     on sd. After idling, the next wave of eight is planned from plain decoding, the body's
     layout: psd, predicted 3% faster now, is no reason to switch (from the tail's sd, the
@@ -1883,6 +1893,33 @@ def test_the_next_wave_starts_from_the_layout_settled_for_the_last_waves_body_no
     assert planner.replan(eight, K_MAX).layout == "psd"
 
 
+def test_a_settled_layout_is_left_only_for_one_leading_it_in_two_plans_in_a_row(clock, monkeypatch, no_trials):
+    """psd settled for two requests and running: a plan that prices it past TO_PLAIN_MARGIN
+    below plain decoding, followed by one that does not, keeps it (a moment's price: at
+    C = 2 psd was left and taken again 20 times in 45 s so); two such plans in a row leave
+    it. Coming back to psd, the same."""
+    from gateway import auto
+
+    assert auto.LEAD_PLANS == 2
+    rates = {"ar": 100.0, "psd": 112.0, "sd": 80.0}
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates))
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    planner._measured["ar"].append(_measured_spell(planner, [_active(9)], "ar", clock[0], 3.0, 3.0))
+    two = [_active(i) for i in range(2)]
+
+    def plan(psd: float) -> str:
+        rates["psd"] = psd
+        clock[0] += 0.2
+        return planner.replan(two, K_MAX).layout
+
+    assert [plan(112.0), plan(112.0)] == ["ar", "psd"]
+    assert [plan(95.0), plan(112.0), plan(95.0), plan(99.0), plan(95.0)] == ["psd"] * 5
+    assert plan(95.0) == "ar"
+    two = [_active(i) for i in range(2, 4)]         # (psd is held back while those it was left for run)
+    assert [plan(112.0), plan(95.0), plan(112.0)] == ["ar"] * 3
+    assert plan(112.0) == "psd"
+
+
 def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monkeypatch):
     """sd settled for the last request of a wave is not kept for the next wave's 64 on the
     switch margin: psd, predicted 5% faster for them, is chosen at once (kept, sd prefilled a
@@ -1903,7 +1940,8 @@ def test_a_layout_settled_for_another_load_is_not_kept_on_the_margin(clock, monk
     assert planner._layout_to_keep(best, 16) is None
 
 
-def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_measured_or_a_while_later(clock, monkeypatch, no_trials):
+def test_a_drafting_layout_left_is_not_chosen_again_on_the_models_word_until_measured_or_a_while_later(
+        clock, monkeypatch, no_trials, one_plan_leads):
     """psd, predicted 12% ahead, is chosen, then predicted below plain decoding (as once
     measured) and left. Predicted 12% ahead again half a second later, it stays left (at
     C = 2 auto went back and forth so): until HELD_BACK_S have passed, or a re-check
@@ -2087,7 +2125,7 @@ def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(c
     assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
 
 
-def test_plain_decoding_settled_is_left_only_once_measured_for_a_while(clock, monkeypatch):
+def test_plain_decoding_settled_is_left_only_once_measured_for_a_while(clock, monkeypatch, one_plan_leads):
     """The model puts sd 2.8x ahead of plain decoding for one request; plain decoding, settled
     as at the start, is kept until FLOOR_MEASURED_S of it is measured (it runs meanwhile, so
     that costs nothing but the wait), and then sd is chosen. Read from a moment of it, plain
@@ -2316,7 +2354,7 @@ def test_trials_for_fresh_requests_that_leave_plain_decoding_come_ever_more_rare
     assert planner._trial_wait_s == 0.0                 # the next newcomer's trial: at once
 
 
-def test_psd_settled_is_kept_through_a_moment_of_one_request(clock, no_trials):
+def test_psd_settled_is_kept_through_a_moment_of_one_request(clock, no_trials, one_plan_leads):
     """At C = 2 in a closed loop one request runs alone between a request's end and the next
     one's arrival. psd with one request runs as sd does (one batch empty) and is priced so:
     settled, it is kept through such a moment (LOAD_DROP_S) instead of being left for plain
