@@ -2266,6 +2266,32 @@ def test_a_layout_a_little_ahead_is_measured_on_until_the_smaller_margin_can_jud
     assert planner._trial_s == 0.0
 
 
+def test_a_recheck_that_reads_its_layout_close_runs_on_uncharged(clock, budget_of_5_percent):
+    """psd measured 10% slower than its prediction over a moment (0.95 of plain decoding: a
+    contender, not a close one) is re-checked within the trial budget. Delivering as
+    predicted (4% ahead) in the re-check, it reads close and runs on until CONFIRM_S of it is
+    measured; the budget is charged for the re-check up to then, not for the time it ran on."""
+    from gateway import auto
+
+    planner, requests = _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s=3.0)
+    planner._measured["psd"].append(_measured_spell(planner, requests, "psd", clock[0], 0.5 / 1.1, 0.5))
+    run = _spell_runner(planner, clock, requests, {"psd": 1.0})
+    spell_s = 0.1
+    while planner._exploring is None or planner._exploring.layout != "psd":
+        run(spell_s)
+        assert clock[0] < 1000.0 + 60.0, "never re-checked"
+    assert not planner._exploring.free
+    budget_before, began = planner._trial_s, planner._exploring.since
+    while planner._exploring is not None and planner._exploring.confirming is None:
+        run(spell_s)
+    assert planner._exploring is not None, "ended without running on"
+    charged_until_confirming = planner._trial_s - budget_before
+    while planner._exploring is not None:
+        run(spell_s)
+    assert clock[0] - began >= auto.CONFIRM_S
+    assert 0.0 < planner._trial_s - budget_before <= charged_until_confirming + spell_s
+
+
 def test_a_close_contender_well_measured_waits_until_its_measurement_ages(clock, monkeypatch):
     """psd measured 1% ahead of plain decoding over CONFIRM_S (within MEASURED_MARGIN: kept
     out), and plain decoding measured as long: a close contender, but its trial would teach
