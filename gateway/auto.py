@@ -898,7 +898,7 @@ class AutoPlanner:
         """The longest draft the request may get this step: k_cap, its own cap, and never
         past its end (Sequence.draft_length: a step gives it at most the tokens it has left,
         and that is all it drafts)."""
-        return req.seq.draft_length(k_cap if req.max_draft is None else min(k_cap, req.max_draft))
+        return req.seq.draft_length(req.draft_cap(k_cap))
 
     @staticmethod
     def _priced_draft(req: ActiveRequest, k_cap: int) -> int:
@@ -910,8 +910,7 @@ class AutoPlanner:
         such a moment. Each step still drafts only what the request has left; what the last
         steps lose shows in drafting layouts' measured slowdowns, their spells measured
         against the plan's steps (a sixteenth of request-steps at k = 4 and 64-token outputs)."""
-        cap = k_cap if req.max_draft is None else min(k_cap, req.max_draft)
-        return max(0, min(cap, req.seq.params.max_tokens - 1))
+        return max(0, min(req.draft_cap(k_cap), req.seq.params.max_tokens - 1))
 
     # ---- showing ---------------------------------------------------------------------------
     def describe(self, planning: bool) -> tuple[generation_pb2.CostModel, generation_pb2.AutoPlan | None]:

@@ -332,7 +332,7 @@ class BatchManager:
         if self.auto:
             k = self.planner.draft_length(req, self._k_cap())
         else:
-            k = self.config.k if req.max_draft is None else min(self.config.k, req.max_draft)
+            k = req.draft_cap(self.config.k)
         return req.seq.draft_length(k)
 
     async def _decode(self, batch: Batch) -> None:

@@ -56,6 +56,11 @@ class ActiveRequest:
         it last heard, or all of them when it never has."""
         return len(self.pending_diff) if self.known_to_drafter else len(self.seq.token_ids)
 
+    def draft_cap(self, k: int) -> int:
+        """The longest draft a step may give it under a cap of k: k, or its own max_draft
+        where that is lower (not yet its end: Sequence.draft_length)."""
+        return k if self.max_draft is None else min(k, self.max_draft)
+
     @property
     def live(self) -> bool:
         return not (self.done or self.cancelled or self.seq.is_finished)
