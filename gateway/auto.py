@@ -149,6 +149,11 @@ HELD_BACK_S = 15.0          # a drafting layout left for another is not chosen a
                             # 0.92 and 1.04 of fixed `ar`)
 SPELL_BATCH = 1.25          # a spell is measured only if its steps' mean batch is within this factor
                             # of its plan's (see _as_planned)
+NEAR_LOAD = 1.25            # a layout's slowdown at a load is read from its spells planned for requests
+                            # within this factor of it, where those are enough (see _slowdowns):
+                            # psd at C = 4 read 1.6 over its spells for 2 requests (a wave's tail),
+                            # 0.96 for 3 and 1.08 for 4; priced at 4 from a trial at 3 and 4 that
+                            # read 0.86, it stood a third above plain decoding and was chosen
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
@@ -205,6 +210,11 @@ def _as_planned(spell: _Spell) -> bool:
     return planned / SPELL_BATCH <= mean <= planned * SPELL_BATCH
 
 
+def _near_load(spell: "_Measured", running: int) -> bool:
+    """Whether the spell was planned for about `running` requests (within NEAR_LOAD)."""
+    return 1 / NEAR_LOAD <= len(spell.draft_lengths) / max(1, running) <= NEAR_LOAD
+
+
 def _same_load(running: int, then: int) -> bool:
     """Whether `running` requests are about the load of `then` (within a factor of two)."""
     return 0.5 <= running / max(1, then) <= 2.0
@@ -225,7 +235,7 @@ class AutoPlanner:
         self._measured: dict[str, deque[_Measured]] = {layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
         # Per layout, its slowdowns as last read, and what they were read from (the costs,
         # the spells).
-        self._slowdowns_read: dict[str, tuple[tuple, tuple[float, float]]] = {}
+        self._slowdowns_read: dict[tuple[str, int | None], tuple[tuple, tuple[float, float]]] = {}
         self._spell: _Spell | None = None
         self._planned_at = float("-inf")
         self._planned_for = 0
@@ -370,20 +380,21 @@ class AutoPlanner:
         decoding = spell.expected * step / spell.emitted if step else 0.0
         return decoding, spell.prompt_tokens * costs.prefill_per_token(layout)
 
-    def slowdown(self, layout: str) -> float:
+    def slowdown(self, layout: str, running: int | None = None) -> float:
         """Measured over predicted time of the layout's decoding lately (1 until enough of
-        it is measured, see _enough)."""
-        return self._slowdowns(layout)[0]
+        it is measured, see _enough), at about `running` requests where enough was measured
+        there (None: at every load)."""
+        return self._slowdowns(layout, running)[0]
 
-    def priced_slowdown(self, layout: str) -> float:
+    def priced_slowdown(self, layout: str, running: int | None = None) -> float:
         """The decoding slowdown the plan prices the layout at (see _planning_slowdowns)."""
-        return self._planning_slowdowns()[layout][0]
+        return self._planning_slowdowns(running)[layout][0]
 
-    def prefill_slowdown(self, layout: str) -> float:
+    def prefill_slowdown(self, layout: str, running: int | None = None) -> float:
         """... and of its prefill."""
-        return self._slowdowns(layout)[1]
+        return self._slowdowns(layout, running)[1]
 
-    def _slowdowns(self, layout: str) -> tuple[float, float]:
+    def _slowdowns(self, layout: str, running: int | None = None) -> tuple[float, float]:
         """(decoding, prefill). Decoding's from the spells that mostly decoded: measured over
         predicted seconds, their small prefill taken at its price; prefill's from the spells
         that prefilled, their decoding taken out at decoding's slowdown. Each pulled towards
@@ -400,14 +411,23 @@ class AutoPlanner:
         it (its steps on time), was left for plain decoding it outran by a quarter, and
         stayed out for the rest of the run. A shortfall that lasts still shows, in part
         where few request-steps are kept: at C = 1, SPELLS_KEPT spells of two steps or so
-        weigh it by half."""
+        weigh it by half.
+        At a given load (`running`) only the spells planned for about that many requests are
+        read (NEAR_LOAD), where they are enough; otherwise all of them: how far a layout's
+        steps stray from the model moves with the load (the batch's split into psd's halves,
+        its prompts' share), and a reading at one load priced another."""
         recent = self._recent(layout)
         if not self._enough(layout, recent):
             return 1.0, 1.0
+        if running is not None:
+            near = [spell for spell in recent if _near_load(spell, running)]
+            if self._enough(layout, near):
+                recent = near
         costs = self.costs()
         read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
-        if layout in self._slowdowns_read and self._slowdowns_read[layout][0] == read_from:
-            return self._slowdowns_read[layout][1]
+        key = (layout, running)
+        if key in self._slowdowns_read and self._slowdowns_read[key][0] == read_from:
+            return self._slowdowns_read[key][1]
         step_times: dict[tuple[int, ...], float | None] = {}
         predicted = [(*self._predicted_s(layout, spell, costs, step_times), spell.seconds, spell) for spell in recent]
         pull_d, pull_p = SLOWDOWN_PULL
@@ -420,10 +440,10 @@ class AutoPlanner:
         s_d = min(3.0, max(0.5, pace * (1 + pull) / (share + pull)))
         prefilling = [(d, p, m) for d, p, m, _ in predicted if p > 0]
         s_p = (sum(m - pace * d for d, _, m in prefilling) + pull_p) / (sum(p for _, p, _ in prefilling) + pull_p)
-        self._slowdowns_read[layout] = read_from, (s_d, min(3.0, max(0.5, s_p)))
-        return self._slowdowns_read[layout][1]
+        self._slowdowns_read[key] = read_from, (s_d, min(3.0, max(0.5, s_p)))
+        return self._slowdowns_read[key][1]
 
-    def _planning_slowdowns(self) -> dict[str, tuple[float, float]]:
+    def _planning_slowdowns(self, running: int | None = None) -> dict[str, tuple[float, float]]:
         """Each layout's (decoding, prefill) slowdown as the plan prices it: its own, except
         that a drafting layout not measured enough to read one (see _enough) is priced at
         least at plain decoding's measured decoding slowdown. Part of what plain decoding's
@@ -434,8 +454,9 @@ class AutoPlanner:
         drafting for fresh requests or followed the idle moment between two requests (neither
         counted), stood at 1, was settled on it for two thirds of a pass, and delivered what
         plain decoding did, less the switches. Not the other way: a drafting layout's reading
-        never prices plain decoding, the floor auto must not lose to."""
-        read = {layout: self._slowdowns(layout) for layout in LAYOUTS}
+        never prices plain decoding, the floor auto must not lose to. At `running` requests
+        (see _slowdowns)."""
+        read = {layout: self._slowdowns(layout, running) for layout in LAYOUTS}
         if not self._enough("ar", self._recent("ar")):
             return read
         floor = max(1.0, read["ar"][0])
@@ -486,7 +507,7 @@ class AutoPlanner:
             plan = Plan(LAYOUTS[self.replans % len(LAYOUTS)], {}, ((),), 0.0, 0.0, threshold=0.0, cap=k_cap)
         else:
             wanted = self._wanted(requests, k_cap)
-            slowdowns = self._planning_slowdowns()
+            slowdowns = self._planning_slowdowns(len(requests))
             slowdown = {layout: s[0] for layout, s in slowdowns.items()}
             prefill_slowdown = {layout: s[1] for layout, s in slowdowns.items()}
             switch_s, meanwhile = self._switch_s(requests)
@@ -562,7 +583,7 @@ class AutoPlanner:
             logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s; "
                         "plain decoding priced on the %s cores, lending judged %s%s)",
                         self.plan.layout, plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
-                        {k: tuple(round(x, 2) for x in self._slowdowns(k)) for k in LAYOUTS},
+                        {k: tuple(round(x, 2) for x in self._slowdowns(k, len(requests))) for k in LAYOUTS},
                         "lent" if costs.lending_pays else "own",
                         "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
                         f"; trying {self._exploring.layout}" if self._exploring
@@ -628,7 +649,7 @@ class AutoPlanner:
                 spells = self._measured[layout]
                 while spells and spells[0].ended < since:
                     spells.popleft()
-        best_slowdown = self.slowdown(best.layout)
+        best_slowdown = self.slowdown(best.layout, running)
         # The best is tried only to measure it, while the settled layout may keep it out on the
         # margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms steps sd
         # was predicted 7% ahead of plain decoding and not run for 12 s, its prediction never put
@@ -661,7 +682,7 @@ class AutoPlanner:
             # acceptance prior was first tried 5 s into the bench's warm-up at C = 8, and
             # the trials and what they taught moved into the 3 s measured run).
             within = FIRST_EXPLORE_WITHIN if unmeasured else EXPLORE_WITHIN
-            doubted = rate * max(1.0, self.slowdown(layout) / best_slowdown)
+            doubted = rate * max(1.0, self.slowdown(layout, running) / best_slowdown)
             wait = self._recheck_after.get(layout, self._recheck_wait(layout))
             age = now - self._last_measured(layout)
             # Plain decoding, the floor, is also re-checked when its numbers may be what keeps
@@ -936,6 +957,7 @@ class AutoPlanner:
             acceptance_prior_strength=self.acceptance.strength(), acceptance_spread=self.acceptance.spread(),
             request_trials=self.request_trials, replans=self.replans,
             layout_switches=self.layout_switches, explorations=self.explorations,
-            layout_slowdown={layout: self.slowdown(layout) for layout in LAYOUTS},
-            layout_prefill_slowdown={layout: self.prefill_slowdown(layout) for layout in LAYOUTS},
+            layout_slowdown={layout: self.slowdown(layout, self._planned_for or None) for layout in LAYOUTS},
+            layout_prefill_slowdown={layout: self.prefill_slowdown(layout, self._planned_for or None)
+                                     for layout in LAYOUTS},
             history=list(self.history))

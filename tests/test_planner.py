@@ -730,6 +730,36 @@ def test_a_spell_whose_steps_verified_another_batch_than_planned_is_not_measured
         assert planner.slowdown("psd") == (pytest.approx(2.0, rel=0.03) if counted else 1.0), batch
 
 
+def test_a_layouts_slowdown_at_a_load_is_read_from_its_spells_at_about_that_load(clock):
+    """psd's spells for 3 requests ran at 0.8 of their prediction, its spells for 4 at 1.25:
+    planned for 4 it is priced at 1.25 (at C = 4 a trial over 3 and 4 requests read 0.86 and
+    priced psd a third above plain decoding), for 3 at 0.8. Where too little of a load was
+    measured (8) the reading is of every load, as it is where no load is asked."""
+    from gateway import auto
+
+    costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
+    planner = _planner_with(costs)
+    three, four, eight = ([_active(i) for i in range(n)] for n in (3, 4, 8))
+    planner._measured["psd"].extend(_measured_spell(planner, three, "psd", 1000.0 + i / 10, 0.1, 0.08)
+                                    for i in range(5))
+    planner._measured["psd"].extend(_measured_spell(planner, four, "psd", 1001.0 + i / 10, 0.1, 0.125)
+                                    for i in range(5))
+    for group in (three, four):
+        assert planner._enough("psd", [s for s in planner._measured["psd"] if len(s.draft_lengths) == len(group)])
+    assert planner.slowdown("psd", 4) == pytest.approx(1.25, rel=0.02)
+    assert planner.slowdown("psd", 3) == pytest.approx(0.8, rel=0.02)
+    assert planner.slowdown("psd", 5) == planner.slowdown("psd", 4)     # within NEAR_LOAD of 4
+    every_load = planner.slowdown("psd")
+    assert 0.9 < every_load < 1.15
+    assert planner.slowdown("psd", 8) == every_load
+    wanted = [PlanRequest(r.request_id, planner.acceptance.reach(r.seq.stats), K_MAX) for r in four]
+    unslowed = choose_plan(planner.costs(), wanted, K_MAX, layouts=("psd",)).tokens_per_s
+    clock[0] = 1002.0
+    plan = planner.replan(four, K_MAX)
+    assert plan.considered["psd"] == pytest.approx(unslowed / 1.25, rel=0.03)
+    assert auto.NEAR_LOAD < 4 / 3
+
+
 def test_idle_time_is_no_layouts(clock):
     """The idle time after a spell is not measured, nor is the first spell after it."""
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
