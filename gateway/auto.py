@@ -351,6 +351,10 @@ class AutoPlanner:
             since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
         return [spell for spell in spells if spell.ended >= since]
 
+    def _near(self, layout: str, running: int) -> list[_Measured]:
+        """The layout's recent spells (_recent) planned for about `running` requests (NEAR_LOAD)."""
+        return [spell for spell in self._recent(layout) if _near_load(spell, running)]
+
     def _measured_s(self, layout: str, since: float | None = None) -> float:
         return sum(spell.seconds for spell in self._recent(layout, since))
 
@@ -419,10 +423,8 @@ class AutoPlanner:
         recent = self._recent(layout)
         if not self._enough(layout, recent):
             return 1.0, 1.0
-        if running is not None:
-            near = [spell for spell in recent if _near_load(spell, running)]
-            if self._enough(layout, near):
-                recent = near
+        if running is not None and self._enough(layout, near := self._near(layout, running)):
+            recent = near
         costs = self.costs()
         read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
         key = (layout, running)
@@ -454,14 +456,18 @@ class AutoPlanner:
         drafting for fresh requests or followed the idle moment between two requests (neither
         counted), stood at 1, was settled on it for two thirds of a pass, and delivered what
         plain decoding did, less the switches. Not the other way: a drafting layout's reading
-        never prices plain decoding, the floor auto must not lose to. At `running` requests
-        (see _slowdowns)."""
+        never prices plain decoding, the floor auto must not lose to.
+        At `running` requests (see _slowdowns) a drafting layout measured too little at about
+        that load is priced so too, at its reading over every load where that is worse: a
+        reading at one load stood for psd at another beside plain decoding's own there (in
+        one server at C = 64, after runs at C = 4 to 32, psd was chosen outright at 1.12x
+        plain decoding's price, and auto came to 0.88 of fixed `ar`)."""
         read = {layout: self._slowdowns(layout, running) for layout in LAYOUTS}
         if not self._enough("ar", self._recent("ar")):
             return read
         floor = max(1.0, read["ar"][0])
-        return {layout: (floor, read[layout][1])
-                if layout != "ar" and not self._enough(layout, self._recent(layout)) else read[layout]
+        return {layout: (max(floor, read[layout][0]), read[layout][1]) if layout != "ar" and not self._enough(
+                    layout, self._recent(layout) if running is None else self._near(layout, running)) else read[layout]
                 for layout in LAYOUTS}
 
     def costs(self) -> StepCosts:
@@ -741,20 +747,23 @@ class AutoPlanner:
         return (settled is not None and layout != self._settled
                 and best.considered.get(layout, 0.0) >= CONFIRM_WITHIN * settled and self._confirmable(layout, now))
 
-    def _well_measured(self, layout: str, now: float) -> bool:
-        """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S: enough
-        for MEASURED_MARGIN to judge it."""
-        return self._measured_s(layout, now - SLOWDOWN_SPAN_S) >= CONFIRM_S
+    def _well_measured(self, layout: str, now: float, running: int | None = None) -> bool:
+        """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S (at
+        about `running` requests, if given): enough for MEASURED_MARGIN to judge it."""
+        spells = self._recent(layout, now - SLOWDOWN_SPAN_S)
+        return sum(spell.seconds for spell in spells
+                   if running is None or _near_load(spell, running)) >= CONFIRM_S
 
     def _confirmable(self, layout: str, now: float) -> bool:
         """Whether measuring `layout` for CONFIRM_S would let MEASURED_MARGIN judge it against
         the settled layout: the settled one is well measured, and `layout` is not."""
         return self._well_measured(self._settled, now) and not self._well_measured(layout, now)
 
-    def _switch_margin(self, layout: str, now: float) -> float:
+    def _switch_margin(self, layout: str, now: float, running: int) -> float:
         """How much faster than the settled layout a drafting `layout` must be predicted to be
-        chosen over it: SWITCH_MARGIN, or MEASURED_MARGIN where both are well measured."""
-        if self._well_measured(layout, now) and self._well_measured(self._settled, now):
+        chosen over it for `running` requests: SWITCH_MARGIN, or MEASURED_MARGIN where both
+        are well measured at about that load."""
+        if self._well_measured(layout, now, running) and self._well_measured(self._settled, now, running):
             return MEASURED_MARGIN
         return SWITCH_MARGIN
 
@@ -823,7 +832,7 @@ class AutoPlanner:
                 and now - self._settled_at < FLOOR_HOLD_MAX_S
                 and self._measured_s("ar", since=now - SLOWDOWN_SPAN_S) < FLOOR_MEASURED_S):
             return "ar"
-        margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now)
+        margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now, running)
         alone_in_psd = self._settled == "psd" and running < 2       # (sd's steps: see _layouts)
         at_its_load = current is not None and _same_load(running, self._settled_for) and not alone_in_psd
         if at_its_load and best.layout != self._settled and best.tokens_per_s < current * margin:

@@ -758,6 +758,37 @@ def test_a_layouts_slowdown_at_a_load_is_read_from_its_spells_at_about_that_load
     plan = planner.replan(four, K_MAX)
     assert plan.considered["psd"] == pytest.approx(unslowed / 1.25, rel=0.03)
     assert auto.NEAR_LOAD < 4 / 3
+    # Plain decoding read 1.3 for 8 requests: psd, measured too little there, is priced so
+    # too (as an unmeasured layout is), not at its reading over other loads; at 4, where it
+    # was measured, at its own.
+    planner._measured["ar"].extend(_measured_spell(planner, eight, "ar", 1002.0 + i / 10, 0.1, 0.13)
+                                   for i in range(5))
+    assert planner.slowdown("ar", 8) == pytest.approx(1.3, rel=0.02)
+    assert planner.priced_slowdown("psd", 8) == pytest.approx(1.3, rel=0.02)
+    assert planner.priced_slowdown("psd", 4) == pytest.approx(1.25, rel=0.02)
+    assert planner.priced_slowdown("psd", 3) == pytest.approx(0.8, rel=0.02)
+
+
+def test_the_measured_margin_judges_two_layouts_only_at_a_load_both_were_measured_at(clock):
+    """MEASURED_MARGIN is for two layouts each measured CONFIRM_S lately at about the load the
+    plan is for: psd measured for 4 requests is judged on it against plain decoding at 4, on
+    SWITCH_MARGIN at 8."""
+    from gateway import auto
+
+    costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)
+    planner = _planner_with(costs)
+    four, eight = [_active(i) for i in range(4)], [_active(i) for i in range(8)]
+    spells = round(auto.CONFIRM_S / 0.2) + 1
+    planner._measured["psd"].extend(_measured_spell(planner, four, "psd", 1000.0 + i / 5, 0.2, 0.2)
+                                    for i in range(spells))
+    for group in (four, eight):
+        planner._measured["ar"].extend(_measured_spell(planner, group, "ar", 1000.0 + i / 5, 0.2, 0.2)
+                                       for i in range(spells))
+    clock[0] = 1000.0 + spells / 5
+    assert planner._well_measured("psd", clock[0]) and planner._well_measured("ar", clock[0], 8)
+    assert planner._switch_margin("psd", clock[0], 4) == auto.MEASURED_MARGIN
+    assert planner._switch_margin("psd", clock[0], 5) == auto.MEASURED_MARGIN
+    assert planner._switch_margin("psd", clock[0], 8) == auto.SWITCH_MARGIN
 
 
 def test_idle_time_is_no_layouts(clock):
