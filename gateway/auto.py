@@ -466,9 +466,12 @@ class AutoPlanner:
         if not self._enough("ar", self._recent("ar")):
             return read
         floor = max(1.0, read["ar"][0])
-        return {layout: (max(floor, read[layout][0]), read[layout][1]) if layout != "ar" and not self._enough(
-                    layout, self._recent(layout) if running is None else self._near(layout, running)) else read[layout]
-                for layout in LAYOUTS}
+        priced = dict(read)
+        for layout in LAYOUTS:
+            spells = self._recent(layout) if running is None else self._near(layout, running)
+            if layout != "ar" and not self._enough(layout, spells):
+                priced[layout] = (max(floor, read[layout][0]), read[layout][1])
+        return priced
 
     def costs(self) -> StepCosts:
         return self.model.costs()
