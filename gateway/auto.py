@@ -343,20 +343,18 @@ class AutoPlanner:
                              1e3 * measured.seconds, spell.tokens, spell.expected, spell.prompt_tokens, 1e3 * decoding,
                              1e3 * prefill)
 
-    def _recent(self, layout: str, since: float | None = None) -> list[_Measured]:
-        """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them: an
-        old measurement stands until the layout is measured again (see _layout_to_try)."""
+    def _recent(self, layout: str, since: float | None = None, running: int | None = None) -> list[_Measured]:
+        """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them (an
+        old measurement stands until the layout is measured again, see _layout_to_try), and
+        of those only the ones planned for about `running` requests if given (NEAR_LOAD)."""
         spells = self._measured[layout]
         if since is None:
             since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
-        return [spell for spell in spells if spell.ended >= since]
+        return [spell for spell in spells
+                if spell.ended >= since and (running is None or _near_load(spell, running))]
 
-    def _near(self, layout: str, running: int) -> list[_Measured]:
-        """The layout's recent spells (_recent) planned for about `running` requests (NEAR_LOAD)."""
-        return [spell for spell in self._recent(layout) if _near_load(spell, running)]
-
-    def _measured_s(self, layout: str, since: float | None = None) -> float:
-        return sum(spell.seconds for spell in self._recent(layout, since))
+    def _measured_s(self, layout: str, since: float | None = None, running: int | None = None) -> float:
+        return sum(spell.seconds for spell in self._recent(layout, since, running))
 
     @staticmethod
     def _enough(layout: str, spells: list[_Measured]) -> bool:
@@ -423,7 +421,7 @@ class AutoPlanner:
         recent = self._recent(layout)
         if not self._enough(layout, recent):
             return 1.0, 1.0
-        if running is not None and self._enough(layout, near := self._near(layout, running)):
+        if running is not None and self._enough(layout, near := self._recent(layout, running=running)):
             recent = near
         costs = self.costs()
         read_from = (costs, recent[0].ended, recent[-1].ended, len(recent))
@@ -468,8 +466,7 @@ class AutoPlanner:
         floor = max(1.0, read["ar"][0])
         priced = dict(read)
         for layout in LAYOUTS:
-            spells = self._recent(layout) if running is None else self._near(layout, running)
-            if layout != "ar" and not self._enough(layout, spells):
+            if layout != "ar" and not self._enough(layout, self._recent(layout, running=running)):
                 priced[layout] = (max(floor, read[layout][0]), read[layout][1])
         return priced
 
@@ -753,9 +750,7 @@ class AutoPlanner:
     def _well_measured(self, layout: str, now: float, running: int | None = None) -> bool:
         """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S (at
         about `running` requests, if given): enough for MEASURED_MARGIN to judge it."""
-        spells = self._recent(layout, now - SLOWDOWN_SPAN_S)
-        return sum(spell.seconds for spell in spells
-                   if running is None or _near_load(spell, running)) >= CONFIRM_S
+        return self._measured_s(layout, now - SLOWDOWN_SPAN_S, running) >= CONFIRM_S
 
     def _confirmable(self, layout: str, now: float) -> bool:
         """Whether measuring `layout` for CONFIRM_S would let MEASURED_MARGIN judge it against
