@@ -154,6 +154,14 @@ NEAR_LOAD = 1.25            # a layout's slowdown at a load is read from its spe
                             # psd at C = 4 read 1.6 over its spells for 2 requests (a wave's tail),
                             # 0.96 for 3 and 1.08 for 4; priced at 4 from a trial at 3 and 4 that
                             # read 0.86, it stood a third above plain decoding and was chosen
+DELIVERED_ENOUGH_S = 1.0    # Plain decoding, the floor, is chosen over a drafting layout whatever the
+                            # model says where, at about the load, it delivered at least as many tokens
+                            # a second as that layout, each measured this long within SLOWDOWN_SPAN_S
+                            # of its latest (see _plain_delivers_more): at C = 16 psd's spells read
+                            # 0.68-1.19 of its model and plain decoding's 1.0-1.08, psd was priced
+                            # 5-25% ahead, and auto ran psd for four fifths of its steps at 0.82 of
+                            # fixed `ar` (eight paired passes), where plain decoding's own spells
+                            # had delivered a quarter more than psd's
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
@@ -233,6 +241,9 @@ class AutoPlanner:
         self.replans = 0
         self.layout_switches = 0
         self._measured: dict[str, deque[_Measured]] = {layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
+        # Every counted spell, as planned or not (a wave's prefill, a tail): what each layout
+        # delivered, end to end (see _plain_delivers_more).
+        self._delivered: dict[str, deque[_Measured]] = {layout: deque(maxlen=SPELLS_KEPT) for layout in LAYOUTS}
         # Per layout, its slowdowns as last read, and what they were read from (the costs,
         # the spells).
         self._slowdowns_read: dict[tuple[str, int | None], tuple[tuple, tuple[float, float]]] = {}
@@ -330,11 +341,12 @@ class AutoPlanner:
         spell, self._spell = self._spell, None
         mature = self.model.verify_calls >= MATURE_CALLS and (spell is None or spell.layout == "ar"
                                                               or self.model.draft_calls >= MATURE_CALLS)
-        if spell is None or not spell.counted or not mature or spell.emitted <= 0 or not _as_planned(spell):
+        if spell is None or not spell.counted or not mature or now <= spell.since:
             return
-        if now > spell.since:
-            measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,
-                                 now - spell.since, spell.batch_sum, spell.expected)
+        measured = _Measured(now, spell.draft_lengths, spell.emitted, spell.tokens, spell.prompt_tokens,
+                             now - spell.since, spell.batch_sum, spell.expected)
+        self._delivered[spell.layout].append(measured)
+        if spell.emitted > 0 and _as_planned(spell):
             self._measured[spell.layout].append(measured)
             if logger.isEnabledFor(logging.DEBUG):
                 decoding, prefill = self._predicted_s(spell.layout, measured, self.costs(), {})
@@ -352,6 +364,35 @@ class AutoPlanner:
             since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
         return [spell for spell in spells
                 if spell.ended >= since and (running is None or _near_load(spell, running))]
+
+    def _delivered_rate(self, layout: str, running: int) -> float | None:
+        """Output tokens a second the layout delivered over its counted spells planned for
+        about `running` requests (NEAR_LOAD) within SLOWDOWN_SPAN_S of its latest, as planned
+        or not: end to end, a wave's prefill and its stalls included. None where those spells
+        last under DELIVERED_ENOUGH_S."""
+        spells = self._delivered[layout]
+        since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
+        near = [spell for spell in spells if spell.ended >= since and _near_load(spell, running)]
+        seconds = sum(spell.seconds for spell in near)
+        return sum(spell.tokens for spell in near) / seconds if seconds >= DELIVERED_ENOUGH_S else None
+
+    def _delivered_rates(self, running: int) -> dict[str, float]:
+        """Each layout's _delivered_rate at about `running` requests, where it has one."""
+        rates = {layout: self._delivered_rate(layout, running) for layout in LAYOUTS}
+        return {layout: rate for layout, rate in rates.items() if rate is not None}
+
+    def _plain_delivers_more(self, layout: str, running: int) -> bool:
+        """Whether plain decoding delivered at least what the drafting `layout` did at about
+        `running` requests, both measured DELIVERED_ENOUGH_S there (_delivered_rate): the
+        floor auto must not lose to, judged on what each delivered rather than on the model
+        the slowdowns are read against. A layout's spells leave out what the plan does not
+        price in its step (a closed loop's waves of prompts come to plain decoding whole
+        and to psd spread out; psd's pipeline stalls at a wave), and a drafting layout
+        priced ahead on them may deliver less than plain decoding did."""
+        if layout == "ar":
+            return False
+        drafting, plain = self._delivered_rate(layout, running), self._delivered_rate("ar", running)
+        return drafting is not None and plain is not None and plain >= drafting
 
     def _measured_s(self, layout: str, since: float | None = None, running: int | None = None) -> float:
         return sum(spell.seconds for spell in self._recent(layout, since, running))
@@ -526,6 +567,9 @@ class AutoPlanner:
                                if not self._held_back(layout, requests, now))
                 best = replace(choose_plan(self.costs(), wanted, k_cap, layouts=others, slowdown=slowdown,
                                            prefill_slowdown=prefill_slowdown, **switching), considered=best.considered)
+            if "ar" in best.considered and self._plain_delivers_more(best.layout, len(requests)):
+                best = replace(choose_plan(self.costs(), wanted, k_cap, layouts=("ar",), slowdown=slowdown,
+                                           prefill_slowdown=prefill_slowdown, **switching), considered=best.considered)
             # No trial starts as a wave of requests comes in: it would be judged on their prefill.
             trying = None if moved else self._layout_to_try(best, len(requests))
             if len(requests) >= self._settled_for:
@@ -586,9 +630,10 @@ class AutoPlanner:
         if switched:
             self.layout_switches += 1
             costs = self.costs()
-            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; slowdown of decoding, prefill %s; "
-                        "plain decoding priced on the %s cores, lending judged %s%s)",
+            logger.info("auto: %s -> %s for %d requests (predicted tok/s %s; delivered %s; slowdown of decoding, "
+                        "prefill %s; plain decoding priced on the %s cores, lending judged %s%s)",
                         self.plan.layout, plan.layout, len(requests), {k: round(v) for k, v in plan.considered.items()},
+                        {k: round(v) for k, v in self._delivered_rates(len(requests)).items()},
                         {k: tuple(round(x, 2) for x in self._slowdowns(k, len(requests))) for k in LAYOUTS},
                         "lent" if costs.lending_pays else "own",
                         "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
@@ -823,6 +868,8 @@ class AutoPlanner:
         (one plan's price is a moment's: a request's first drafts, one ending)."""
         current = best.considered.get(self._settled)
         now = time.monotonic()
+        if best.layout == "ar" and self._plain_delivers_more(self._settled, running):
+            return None
         if (current is not None and self._fewer_since is not None
                 and now - self._fewer_since < LOAD_DROP_S):
             return self._settled
@@ -967,4 +1014,5 @@ class AutoPlanner:
             layout_slowdown={layout: self.slowdown(layout, self._planned_for or None) for layout in LAYOUTS},
             layout_prefill_slowdown={layout: self.prefill_slowdown(layout, self._planned_for or None)
                                      for layout in LAYOUTS},
+            layout_delivered_tokens_per_s=self._delivered_rates(self._planned_for),
             history=list(self.history))

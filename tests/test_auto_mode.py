@@ -110,6 +110,8 @@ def test_the_plan_and_the_cost_model_are_visible(planning, prompts, reference):
     assert 0.0 <= spread <= 0.25 and (spread > 0 or plan["acceptance_prior_strength"] == 64.0)
     for slowdowns in (plan["layout_slowdown"], plan["layout_prefill_slowdown"]):
         assert set(slowdowns) == set(LAYOUTS) and all(0.5 <= v <= 3.0 for v in slowdowns.values())
+    delivered = plan.get("layout_delivered_tokens_per_s", {})     # (where measured 1 s at the load)
+    assert set(delivered) <= set(LAYOUTS) and all(v > 0 for v in delivered.values())
     assert model["prompt_per_output"] > 0                        # 16 prompts of several tokens each
     assert 0 < model.get("data_plane_per_call_s", 0) < 0.1        # the profile's drafting steps at least
     steps = _steps(planning)

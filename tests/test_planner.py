@@ -791,6 +791,69 @@ def test_the_measured_margin_judges_two_layouts_only_at_a_load_both_were_measure
     assert planner._switch_margin("psd", clock[0], 8) == auto.SWITCH_MARGIN
 
 
+def _delivered_spells(planner, requests, layout: str, ended: float, seconds: float, tokens_per_s: float,
+                      count: int = 6):
+    """`count` spells of `layout` ending `seconds` apart up to `ended`, as the plan for these
+    requests made them, each delivering `tokens_per_s` end to end (not as planned: only what
+    they delivered is read from them)."""
+    from gateway.auto import _Measured
+
+    draft_lengths = tuple(0 if layout == "ar" else K_MAX for _ in requests)
+    return [_Measured(ended - (count - 1 - i) * seconds, draft_lengths, 0.0, round(tokens_per_s * seconds), 0,
+                      seconds, len(requests), 0.0) for i in range(count)]
+
+
+@pytest.mark.parametrize("plain_over_psd, plain_measured_s, plain_for, chosen", [
+    (1.05, 1.2, 8, "ar"),       # plain decoding delivered more: chosen over psd, priced ahead
+    (0.95, 1.2, 8, "psd"),      # ... less: the model decides
+    (1.05, 0.6, 8, "psd"),      # measured too little to judge on
+    (1.05, 1.2, 4, "psd"),      # measured at another load
+])
+def test_plain_decoding_that_delivered_more_is_chosen_over_a_drafting_layout_priced_ahead(
+        clock, no_trials, plain_over_psd, plain_measured_s, plain_for, chosen):
+    """psd settled, priced a fifth ahead of plain decoding by the model and its spells, is
+    left for plain decoding where plain decoding delivered at least as much, end to end, at
+    about the load (each measured DELIVERED_ENOUGH_S within SLOWDOWN_SPAN_S of its latest),
+    whatever the prices; not where it delivered less, was measured too little, or at another
+    load."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    rates = choose_plan(costs, planner._wanted(requests, K_MAX), K_MAX).considered
+    assert rates["psd"] > 1.2 * rates["ar"]
+    planner._settled, planner._settled_for = "psd", len(requests)
+    psd_rate = 1000.0
+    planner._delivered["psd"].extend(_delivered_spells(planner, requests, "psd", clock[0], 0.2, psd_rate))
+    spells = round(plain_measured_s / 0.2)
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests[:plain_for], "ar", clock[0] - 2.0, 0.2,
+                                                      plain_over_psd * psd_rate, count=spells))
+    assert (planner._delivered_rate("ar", 8) is not None) == (plain_measured_s >= auto.DELIVERED_ENOUGH_S
+                                                             and plain_for == 8)
+    plan = planner.replan(requests, K_MAX)
+    assert plan.considered["psd"] > auto.SWITCH_MARGIN * plan.considered["ar"]      # (priced ahead all along)
+    assert plan.layout == chosen and planner._settled == chosen
+
+
+def test_a_wave_is_delivered_by_its_layout_though_not_measured_against_the_model(clock, no_trials):
+    """A spell whose steps did not verify the batch its plan was made for (a wave's prefill,
+    a tail) is left out of the layout's slowdown but counts in what it delivered."""
+    costs = StepCosts(2e-2, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)       # (plain decoding throughout)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    plan = planner.replan(requests, K_MAX)
+    planner.observe_step(plan.layout, 8, 0, batch=8)                # (the first after idling: not counted)
+    assert plan.layout == "ar" and planner._spell.counted
+    for _ in range(4):
+        planner.observe_step(plan.layout, 2, 300, batch=2)          # a wave: 2 a step where 8 were planned
+    clock[0] += 0.2
+    planner.replan(requests, K_MAX)
+    assert not planner._measured[plan.layout]
+    assert [(spell.tokens, spell.prompt_tokens) for spell in planner._delivered[plan.layout]] == [(8, 1200)]
+
+
 def test_idle_time_is_no_layouts(clock):
     """The idle time after a spell is not measured, nor is the first spell after it."""
     costs = StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4)

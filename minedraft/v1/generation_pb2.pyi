@@ -139,7 +139,7 @@ class CostModel(_message.Message):
     def __init__(self, draft_fixed_s: _Optional[float] = ..., draft_per_forward_s: _Optional[float] = ..., draft_per_token_s: _Optional[float] = ..., verify_fixed_s: _Optional[float] = ..., verify_per_token_s: _Optional[float] = ..., gateway_per_call_s: _Optional[float] = ..., draft_calls: _Optional[int] = ..., verify_calls: _Optional[int] = ..., median_error: _Optional[float] = ..., verify_borrowed_fixed_s: _Optional[float] = ..., verify_borrowed_per_token_s: _Optional[float] = ..., draft_per_new_token_s: _Optional[float] = ..., verify_per_new_token_s: _Optional[float] = ..., verify_borrowed_per_new_token_s: _Optional[float] = ..., prompt_tokens_per_s: _Optional[float] = ..., prompt_per_output: _Optional[float] = ..., verify_per_request_s: _Optional[float] = ..., verify_borrowed_per_request_s: _Optional[float] = ..., lending_judged: _Optional[float] = ..., data_plane_per_call_s: _Optional[float] = ...) -> None: ...
 
 class AutoPlan(_message.Message):
-    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown", "history", "acceptance_prior_strength", "request_trials", "acceptance_spread")
+    __slots__ = ("layout", "draft_lengths", "predicted_tokens_per_s", "layout_tokens_per_s", "acceptance_reach", "replans", "layout_switches", "layout_slowdown", "explorations", "layout_prefill_slowdown", "history", "acceptance_prior_strength", "request_trials", "acceptance_spread", "layout_delivered_tokens_per_s")
     class LayoutTokensPerSEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +161,13 @@ class AutoPlan(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class LayoutDeliveredTokensPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     DRAFT_LENGTHS_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +182,7 @@ class AutoPlan(_message.Message):
     ACCEPTANCE_PRIOR_STRENGTH_FIELD_NUMBER: _ClassVar[int]
     REQUEST_TRIALS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_SPREAD_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_DELIVERED_TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     layout: str
     draft_lengths: _containers.RepeatedScalarFieldContainer[int]
     predicted_tokens_per_s: float
@@ -189,7 +197,8 @@ class AutoPlan(_message.Message):
     acceptance_prior_strength: float
     request_trials: int
     acceptance_spread: float
-    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ..., layout_prefill_slowdown: _Optional[_Mapping[str, float]] = ..., history: _Optional[_Iterable[_Union[PlanDecision, _Mapping]]] = ..., acceptance_prior_strength: _Optional[float] = ..., request_trials: _Optional[int] = ..., acceptance_spread: _Optional[float] = ...) -> None: ...
+    layout_delivered_tokens_per_s: _containers.ScalarMap[str, float]
+    def __init__(self, layout: _Optional[str] = ..., draft_lengths: _Optional[_Iterable[int]] = ..., predicted_tokens_per_s: _Optional[float] = ..., layout_tokens_per_s: _Optional[_Mapping[str, float]] = ..., acceptance_reach: _Optional[_Iterable[float]] = ..., replans: _Optional[int] = ..., layout_switches: _Optional[int] = ..., layout_slowdown: _Optional[_Mapping[str, float]] = ..., explorations: _Optional[int] = ..., layout_prefill_slowdown: _Optional[_Mapping[str, float]] = ..., history: _Optional[_Iterable[_Union[PlanDecision, _Mapping]]] = ..., acceptance_prior_strength: _Optional[float] = ..., request_trials: _Optional[int] = ..., acceptance_spread: _Optional[float] = ..., layout_delivered_tokens_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class PlanDecision(_message.Message):
     __slots__ = ("at_s", "layout", "trying", "requests", "layout_tokens_per_s")
