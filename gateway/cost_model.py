@@ -60,6 +60,14 @@ SLOWER_JUDGED_FOR_S = 60.0  # a judgement that lending slows plain decoding laps
                             # nothing decoded plainly meanwhile it rests on old steps (made while
                             # another process held the cores, it priced plain decoding on one core
                             # for good, and auto ran psd at 0.86 of plain decoding at C = 8)
+SWITCH_CALLS = 4            # verify calls after the verifier moves onto the lent cores or off them that
+                            # measure the move, not the cores: left out of lending's ratio and its
+                            # judgement (the first lent call after own-core ones took 1.35-1.6x the
+                            # lent cores' usual time and the next three 1.1-1.2x; the first own-core
+                            # call after lent ones 1.4-1.5x: the threads moving, OpenMP's worker
+                            # waking or still spinning; windows of OWN_WINDOW own-core steps between
+                            # lent ones judged lending slower at C = 8, where `ar` on both cores ran
+                            # 10-25% faster than auto on its own core)
 MAX_JITTER = 0.5            # the largest relative spread of a call's busy time the planner assumes
 INTERCEPT_PRIOR_WEIGHT = 1e-6   # a fit's fixed cost is all but free of its prior (LinearFit): enough
                                 # only to give it the prior's value before any call
@@ -269,6 +277,9 @@ class CostModel:
         self._lending_judged: float | None = None      # the latest judgement (see _judge_lending) ...
         self._lending_judged_at = float("-inf")         # ... and when it was made
         self._lending_doubted_at: float | None = None   # a first reading of lending as slower, unconfirmed
+        # The cores of the latest verify calls (lent or not) and how many ran there in a row: the
+        # verifier starts on its own, no move to measure.
+        self._cores = (False, SWITCH_CALLS)
         self._gateway: deque[float] = deque([prior.gateway_per_step], maxlen=256)
         self._data_plane: deque[float] = deque([prior.data_plane_per_step], maxlen=256)
         self.early_verify = prior.early_verify      # set by the Batch Manager
@@ -351,18 +362,22 @@ class CostModel:
             features = (1.0, float(sum(k + 1 for k in ks)), float(new_tokens), float(len(ks)))
             now = time.monotonic()
             plain = not new_tokens and not any(ks)
+            in_a_row = self._cores[1] + 1 if self._cores[0] == borrowed else 1
+            self._cores = (borrowed, in_a_row)
+            settled = in_a_row > SWITCH_CALLS          # (the move of threads measured, not the cores)
             if borrowed:
                 self.lent_observed_at = now
-                self._lent.append((features, busy_s))
-                if new_tokens:
-                    self._lent_prefills.append((features, busy_s))
-                if plain:
-                    self._lent_plain.append((now, len(ks), busy_s))
-            else:
+                if settled:
+                    self._lent.append((features, busy_s))
+                    if new_tokens:
+                        self._lent_prefills.append((features, busy_s))
+                    if plain:
+                        self._lent_plain.append((now, len(ks), busy_s))
+            elif settled:
                 self._verify.observe(features, busy_s)
                 if plain:
                     self._own_plain.append((now, len(ks), busy_s))
-            if plain:
+            if plain and settled:
                 self._judge_lending()
 
     def observe_data_plane(self, recv_s: float) -> None:

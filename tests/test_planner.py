@@ -1057,8 +1057,17 @@ def _lent_model(ratio: float) -> tuple[CostModel, StepCosts]:
     return model, own
 
 
+@pytest.fixture
+def every_call_counts(monkeypatch):
+    """For tests of the lending judgement itself: every verify call counts, the first ones
+    after a move onto the lent cores or off them too (cost_model.SWITCH_CALLS)."""
+    from gateway import cost_model
+
+    monkeypatch.setattr(cost_model, "SWITCH_CALLS", 0)
+
+
 @pytest.mark.parametrize("ratio", [0.6, 1.4])
-def test_plain_decoding_borrows_the_drafters_cores_only_where_that_was_measured_faster(ratio):
+def test_plain_decoding_borrows_the_drafters_cores_only_where_that_was_measured_faster(ratio, every_call_counts):
     """On two crowded cores two threads decoded a few requests slower than one: plain
     decoding is then priced (and run) on the verifier's own cores."""
     assert CostModel().costs().lending_pays                    # not measured: try it
@@ -1071,7 +1080,28 @@ def test_plain_decoding_borrows_the_drafters_cores_only_where_that_was_measured_
     assert plan.layout == "ar" and plan.step_s == pytest.approx(costs.plain_verify([0]))
 
 
-def test_a_few_slow_lent_calls_do_not_judge_lending():
+def test_calls_just_after_the_verifier_moves_cores_do_not_judge_lending():
+    """The first SWITCH_CALLS verify calls after the verifier moves onto the lent cores or off
+    them measure the move (threads migrating, OpenMP's worker waking or still spinning), not
+    the cores: lent calls that run at 0.8 of the own cores' time once settled judge lending at
+    0.8, however slow the calls right after each switch. Counted, windows of own-core steps
+    between lent ones had lending judged slower (at C = 8, where `ar` on both cores ran 10-25%
+    faster than auto on its own core)."""
+    from gateway.cost_model import OWN_PARTNERS, SWITCH_CALLS
+
+    model = CostModel()
+    own = StepCosts(0.0, 0.0, 0.0, 0.008, 0.0003, 0.0)
+    for _ in range(3):          # as the Batch Manager runs them: lent steps, then a window on the own cores
+        for i in range(SWITCH_CALLS + 3):
+            model.observe_verify([0] * 8, (1.6 if i < SWITCH_CALLS else 0.8) * own.verify([0] * 8), borrowed=True)
+        for i in range(SWITCH_CALLS + OWN_PARTNERS):
+            model.observe_verify([0] * 8, (1.5 if i < SWITCH_CALLS else 1.0) * own.verify([0] * 8))
+    costs = model.costs()
+    assert costs.lending_judged == pytest.approx(0.8) and costs.lending_pays
+    assert costs.lent_ratio == pytest.approx(0.8, rel=0.05)
+
+
+def test_a_few_slow_lent_calls_do_not_judge_lending(every_call_counts):
     """The start-up profile measures two or three lent-core calls, each just after a switch;
     slow ones once priced plain decoding 1.4x dearer and turned lending off for the rest of a
     run (auto ran sd at C = 1, 0.87x of plain decoding on both cores). Until LENT_JUDGED calls
@@ -1102,7 +1132,7 @@ def test_a_few_slow_lent_calls_do_not_judge_lending():
     assert model.costs().lending_pays and model.lending_pays
 
 
-def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_fit():
+def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_fit(every_call_counts):
     """The own-core fit, fitted on drafting steps, may under-price plain decoding: lent calls
     then read slower than it, but lending is judged slower only against own-core plain steps
     of about the same batch (a psd trial once reshaped the fit and turned lending off for
@@ -1138,7 +1168,7 @@ def test_lending_is_judged_beside_own_core_plain_steps_of_its_batch_not_on_the_f
     assert not AutoPlanner(K_MAX).describe(planning=False)[0].HasField("lending_judged")
 
 
-def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypatch):
+def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypatch, every_call_counts):
     """The start-up profile's own-core steps, on short synthetic prompts, ran faster than
     lent steps of real requests seconds later, and lending was judged slower (auto decoded on
     one core at 0.72 of fixed ar). A lent step is compared only with own-core steps within
@@ -1171,7 +1201,7 @@ def test_lending_is_judged_only_beside_own_core_steps_that_ran_near_it(monkeypat
     assert model.costs().lending_judged == pytest.approx(1.25) and not model.costs().lending_pays
 
 
-def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch):
+def test_a_judgement_that_lending_is_slower_lapses_unless_renewed(monkeypatch, every_call_counts):
     """Lending judged slower (made, say, while another process held the cores) stands for
     SLOWER_JUDGED_FOR_S; with no new judgement by then lending is presumed again, and plain
     decoding priced at the lent cores' own ratio (at most the own cores' price), until lent
@@ -1280,7 +1310,7 @@ def test_steps_that_prefill_borrow_the_lent_cores_even_in_an_own_core_window(mon
     assert step(prefills=True) and not step()
 
 
-def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
+def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch, every_call_counts):
     """Plain steps stop borrowing once lending was measured slower, and borrow again for a
     window of steps (enough to renew the measured ratio) LEND_FIRST_RECHECK_S after the last
     lent step, then four times as long after each re-check that found it slower still, up to
@@ -1317,7 +1347,7 @@ def test_lending_measured_slower_is_tried_again_now_and_then(monkeypatch):
     assert rechecked_after() == pytest.approx(LEND_FIRST_RECHECK_S, abs=0.06)
 
 
-def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(caplog, monkeypatch):
+def test_a_first_reading_of_lending_as_slower_runs_an_own_core_window_at_once(caplog, monkeypatch, every_call_counts):
     """A doubt about lending is settled by own-core steps run right away and the lent steps
     after them, not half a minute later: OWN_WINDOW plain steps on the own cores, once per
     doubt, then lending again; confirmed, plain decoding stops borrowing."""
