@@ -157,11 +157,12 @@ NEAR_LOAD = 1.25            # a layout's slowdown at a load is read from its spe
 DELIVERED_ENOUGH_S = 1.0    # Plain decoding, the floor, is chosen over a drafting layout whatever the
                             # model says where, at about the load, it delivered at least as many tokens
                             # a second as that layout, each measured this long within SLOWDOWN_SPAN_S
-                            # of its latest (see _plain_delivers_more): at C = 16 psd's spells read
-                            # 0.68-1.19 of its model and plain decoding's 1.0-1.08, psd was priced
-                            # 5-25% ahead, and auto ran psd for four fifths of its steps at 0.82 of
-                            # fixed `ar` (eight paired passes), where plain decoding's own spells
-                            # had delivered a quarter more than psd's
+                            # of its latest (see _plain_delivers_more): at C = 16 auto ran psd, priced
+                            # 3-18% ahead, for 26% and 10% of its steps in two runs of twelve paired
+                            # passes and read 0.84 and 0.92 of fixed `ar`; in one server psd's runs
+                            # delivered 557-652 tok/s and plain decoding's 699-710, the two read
+                            # alike against the model (plain decoding's spells held none of its
+                            # waves' prefill: they were not the batch planned)
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 
 
