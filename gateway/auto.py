@@ -224,6 +224,14 @@ def _near_load(spell: "_Measured", running: int) -> bool:
     return 1 / NEAR_LOAD <= len(spell.draft_lengths) / max(1, running) <= NEAR_LOAD
 
 
+def _latest(spells: deque["_Measured"], since: float | None = None, running: int | None = None) -> list["_Measured"]:
+    """The spells since `since`, by default the latest SLOWDOWN_SPAN_S of them, and of those
+    only the ones planned for about `running` requests if given (NEAR_LOAD)."""
+    if since is None:
+        since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
+    return [spell for spell in spells if spell.ended >= since and (running is None or _near_load(spell, running))]
+
+
 def _same_load(running: int, then: int) -> bool:
     """Whether `running` requests are about the load of `then` (within a factor of two)."""
     return 0.5 <= running / max(1, then) <= 2.0
@@ -360,20 +368,14 @@ class AutoPlanner:
         """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them (an
         old measurement stands until the layout is measured again, see _layout_to_try), and
         of those only the ones planned for about `running` requests if given (NEAR_LOAD)."""
-        spells = self._measured[layout]
-        if since is None:
-            since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
-        return [spell for spell in spells
-                if spell.ended >= since and (running is None or _near_load(spell, running))]
+        return _latest(self._measured[layout], since, running)
 
     def _delivered_rate(self, layout: str, running: int) -> float | None:
         """Output tokens a second the layout delivered over its counted spells planned for
         about `running` requests (NEAR_LOAD) within SLOWDOWN_SPAN_S of its latest, as planned
         or not: end to end, a wave's prefill and its stalls included. None where those spells
         last under DELIVERED_ENOUGH_S."""
-        spells = self._delivered[layout]
-        since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
-        near = [spell for spell in spells if spell.ended >= since and _near_load(spell, running)]
+        near = _latest(self._delivered[layout], running=running)
         seconds = sum(spell.seconds for spell in near)
         return sum(spell.tokens for spell in near) / seconds if seconds >= DELIVERED_ENOUGH_S else None
 
