@@ -420,6 +420,12 @@ class BatchManager:
         layout = self.layout
 
         async def one(drafter: DrafterHandle, requests: list[ActiveRequest]) -> None:
+            # Only those still live and on this drafter as the call goes out: one that ended
+            # since it was counted was taken off the drafter then, so the call would give it
+            # a request nobody frees (no verify waits on a catch-up, so none needs naming).
+            requests = [req for req in requests if req.live and req.drafter is drafter]
+            if not requests:
+                return
             try:
                 await self.calls.catch_up(self.calls.next_step_id(), drafter, requests, layout)
             except Exception as err:            # noqa: BLE001 - as a failed draft call
@@ -433,6 +439,9 @@ class BatchManager:
             if not task.cancelled() and task.exception() is not None:      # (a bug of ours: said)
                 logger.error("the drafters' catch-up failed", exc_info=task.exception())
             self._kick()
+            # Frees held back while this call named their requests go now: an idle pipeline
+            # flushes them (it may have gone idle while the catch-up was still out).
+            self.batches[0].has_work.set()
 
         # Counted from now, not from when the task first runs: no step borrows the drafter's
         # cores meanwhile.

@@ -131,3 +131,96 @@ def test_requests_cancelled_at_any_moment_are_freed_on_every_service(mode):
 
     for seed in range(30):
         asyncio.run(scenario(seed))
+
+
+class CatchUpHoldingDrafter(FakeDrafter):
+    """Holds its first catch-up call (auto mode, on the way from plain decoding to drafting)
+    until released: the request it names is taken in at once, the answer waits."""
+
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(rng)
+        self.catching_up = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def Step(self, request, timeout=None):
+        if request.catch_up and not self.catching_up.is_set():
+            self._apply(request, [i.request_id for i in request.items])
+            self.catching_up.set()
+            await self.release.wait()
+            return engine_pb2.DraftStepResponse(step_id=request.step_id, busy_s=0.001)
+        return await super().Step(request, timeout)
+
+
+def test_a_request_cancelled_during_a_catch_up_is_freed_once_it_answers_though_the_gateway_went_idle():
+    """The catch-up call outlives the plain steps: the request is cancelled, its last plain
+    step answers and the pipelines go idle (their flush must keep the drafter's free back:
+    the call in flight names the request). When the catch-up answers, the free goes."""
+    async def scenario() -> None:
+        rng = random.Random(0)
+        verifier, drafter = FakeVerifier(rng), CatchUpHoldingDrafter(rng)
+        pool = DrafterPool(engine_pb2.EngineInfo())
+        pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
+        manager = BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=10_000, block_size=16,
+                                                  step_timeout_s=5.0, auto_cycle_steps=2), verifier, pool)
+        runner = asyncio.ensure_future(manager.run())
+        req = active_request("r0", max_tokens=1000)
+        manager.submit(req)
+        await asyncio.wait_for(drafter.catching_up.wait(), 10)
+        assert "r0" in drafter.held
+        manager.cancel("r0")
+        events = await _finish(req)
+        assert events[-1].finish_reason is not None
+        for _ in range(100):                   # the plain steps end; the pipelines go idle
+            if not verifier.held and not manager.steps_in_flight:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert not verifier.held and "r0" in drafter.held       # held back: the catch-up names it
+        drafter.release.set()
+        for _ in range(100):
+            if not drafter.held:
+                break
+            await asyncio.sleep(0.005)
+        assert not runner.done(), runner.exception() if runner.done() else None
+        runner.cancel()
+        assert drafter.held == set()
+
+    asyncio.run(scenario())
+
+
+class CatchUpRecordingDrafter(FakeDrafter):
+    def __init__(self, rng: random.Random) -> None:
+        super().__init__(rng)
+        self.caught_up: set[str] = set()            # every request a catch-up call named
+
+    async def Step(self, request, timeout=None):
+        if request.catch_up:
+            self.caught_up.update(i.request_id for i in request.items)
+        return await super().Step(request, timeout)
+
+
+def test_a_request_that_ended_before_its_catch_up_went_out_is_not_given_to_the_drafter():
+    """The drafter would first hear of r1 from the catch-up (it came during plain
+    decoding); r1 is cancelled after the catch-up was decided but before its call went out.
+    The call must not name it: r1 was taken off the drafter while unknown there, so nothing
+    would free it. r0, live, still catches up."""
+    async def scenario() -> None:
+        rng = random.Random(0)
+        verifier, drafter = FakeVerifier(rng), CatchUpRecordingDrafter(rng)
+        pool = DrafterPool(engine_pb2.EngineInfo())
+        pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
+        manager = BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=10_000, block_size=16,
+                                                  step_timeout_s=5.0, auto_cycle_steps=2), verifier, pool)
+        kept, ended = active_request("r0", max_tokens=1000), active_request("r1", max_tokens=1000)
+        for req in (kept, ended):
+            manager.submit(req)
+        drafting = manager._placed_to_draft([kept, ended])
+        assert [req.request_id for req in drafting] == ["r0", "r1"] and not ended.known_to_drafter
+        catch_up = manager._catch_up(drafting)
+        manager.cancel("r1")                    # (in no batch's step: retired at once)
+        assert ended.done and ended.drafter is None
+        await asyncio.wait_for(catch_up, 10)
+        await asyncio.sleep(0)                  # (its done callback)
+        assert drafter.caught_up == {"r0"} and drafter.held == {"r0"} and manager._catching_up == 0
+
+    asyncio.run(scenario())
