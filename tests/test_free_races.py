@@ -91,16 +91,24 @@ async def _finish(req: ActiveRequest) -> list:
     return events
 
 
+def _manager(mode: str, rng: random.Random, drafter_class: type[FakeDrafter] = FakeDrafter
+             ) -> tuple[FakeVerifier, FakeDrafter, BatchManager]:
+    """A Batch Manager in `mode` over a fake verifier and one fake drafter (auto mode cycles
+    the layouts every two steps)."""
+    verifier, drafter = FakeVerifier(rng), drafter_class(rng)
+    pool = DrafterPool(engine_pb2.EngineInfo())
+    pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
+    manager = BatchManager(BatchManagerConfig(mode=mode, k=2 if mode != "ar" else 0, max_batch=4,
+                                              kv_blocks=10_000, block_size=16, step_timeout_s=5.0,
+                                              auto_cycle_steps=2 if mode == "auto" else 0), verifier, pool)
+    return verifier, drafter, manager
+
+
 @pytest.mark.parametrize("mode", ["psd", "sd", "ar", "auto"])
 def test_requests_cancelled_at_any_moment_are_freed_on_every_service(mode):
     async def scenario(seed: int) -> None:
         rng = random.Random(seed)
-        verifier, drafter = FakeVerifier(rng), FakeDrafter(rng)
-        pool = DrafterPool(engine_pb2.EngineInfo())
-        pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
-        manager = BatchManager(BatchManagerConfig(mode=mode, k=2 if mode != "ar" else 0, max_batch=4,
-                                                  kv_blocks=10_000, block_size=16, step_timeout_s=5.0,
-                                                  auto_cycle_steps=2 if mode == "auto" else 0), verifier, pool)
+        verifier, drafter, manager = _manager(mode, rng)
         runner = asyncio.ensure_future(manager.run())
 
         async def client(req: ActiveRequest, cancel_after: int | None) -> None:
@@ -133,17 +141,6 @@ def test_requests_cancelled_at_any_moment_are_freed_on_every_service(mode):
         asyncio.run(scenario(seed))
 
 
-def _auto_manager(drafter_class: type[FakeDrafter]) -> tuple[FakeVerifier, FakeDrafter, BatchManager]:
-    """An auto-mode Batch Manager (cycling the layouts) over a fake verifier and one drafter."""
-    rng = random.Random(0)
-    verifier, drafter = FakeVerifier(rng), drafter_class(rng)
-    pool = DrafterPool(engine_pb2.EngineInfo())
-    pool.drafters["d:1"] = DrafterHandle("d:1", "id", "m", 10_000, ClosableChannel(), drafter)
-    manager = BatchManager(BatchManagerConfig(mode="auto", k=2, max_batch=4, kv_blocks=10_000, block_size=16,
-                                              step_timeout_s=5.0, auto_cycle_steps=2), verifier, pool)
-    return verifier, drafter, manager
-
-
 class CatchUpHoldingDrafter(FakeDrafter):
     """Holds its first catch-up call (auto mode, on the way from plain decoding to drafting)
     until released: the request it names is taken in at once, the answer waits."""
@@ -167,7 +164,7 @@ def test_a_request_cancelled_during_a_catch_up_is_freed_once_it_answers_though_t
     step answers and the pipelines go idle (their flush must keep the drafter's free back:
     the call in flight names the request). When the catch-up answers, the free goes."""
     async def scenario() -> None:
-        verifier, drafter, manager = _auto_manager(CatchUpHoldingDrafter)
+        verifier, drafter, manager = _manager("auto", random.Random(0), CatchUpHoldingDrafter)
         runner = asyncio.ensure_future(manager.run())
         req = active_request("r0", max_tokens=1000)
         manager.submit(req)
@@ -211,7 +208,7 @@ def test_a_request_that_ended_before_its_catch_up_went_out_is_not_given_to_the_d
     The call must not name it: r1 was taken off the drafter while unknown there, so nothing
     would free it. r0, live, still catches up."""
     async def scenario() -> None:
-        verifier, drafter, manager = _auto_manager(CatchUpRecordingDrafter)
+        verifier, drafter, manager = _manager("auto", random.Random(0), CatchUpRecordingDrafter)
         kept, ended = active_request("r0", max_tokens=1000), active_request("r1", max_tokens=1000)
         for req in (kept, ended):
             manager.submit(req)
