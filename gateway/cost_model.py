@@ -80,9 +80,9 @@ def _median(values) -> float:
 
 
 class LinearFit:
-    """y ~ w . x by least squares over the last `window` observations, shrunk towards
-    `prior` with weight `prior_weight` (ridge towards a guess, so early fits are sane), one
-    weight for all features or one each. An intercept wants next to none: shrunk towards a
+    """y ~ w . x with every w >= 0 (each a price) by least squares over the last `window`
+    observations, shrunk towards `prior` with weight `prior_weight` (ridge towards a guess,
+    so early fits are sane), one weight for all features or one each. An intercept wants next to none: shrunk towards a
     guess of a few milliseconds, it leaves the slopes to make up the rest of every call's
     time, and with few calls they come out dear (the memory-bound stand-in's verifier, 100 ms
     a call plus 8 a token on one core, was fitted at 79 plus 13 from its start-up profile's
@@ -132,19 +132,66 @@ class LinearFit:
         return sum(map(mul, self.weights, features))
 
     def _solve(self) -> tuple[float, ...]:
-        """(X^T X + l I) w = X^T y + l prior, by Gaussian elimination (a few features only)."""
-        d = len(self.prior)
+        """min |X w - y|^2 + sum_i l_i (w_i - prior_i)^2 over w >= 0 (_nonnegative_solve):
+        every weight is a price, and the features are nearly collinear at one load (at C = 2
+        in psd every verify is one request of five tokens but for a few slow ones of fewer).
+        A fit left free there put a token at -0.8 ms and the fixed and per-request costs
+        above the calls' mean to make up for it; with the token clamped to 0 afterwards, the
+        usual call was priced at 12.4 ms against the 8.1 it took, and psd a third slow (the
+        median error of verify predictions in four runs: 0.42-0.58 so, 0.07-0.21 kept >= 0)."""
         a = [[x + (self.prior_weight[i] if i == j else 0.0) for j, x in enumerate(row)] for i, row in enumerate(self._xtx)]
         rhs = [y + w * p for y, w, p in zip(self._xty, self.prior_weight, self.prior)]
-        for col in range(d):
-            pivot = max(range(col, d), key=lambda r: abs(a[r][col]))
-            a[col], a[pivot], rhs[col], rhs[pivot] = a[pivot], a[col], rhs[pivot], rhs[col]
-            for row in range(d):
-                if row != col and a[row][col]:
-                    factor = a[row][col] / a[col][col]
-                    a[row] = [x - factor * y for x, y in zip(a[row], a[col])]
-                    rhs[row] -= factor * rhs[col]
-        return tuple(rhs[i] / a[i][i] for i in range(d))
+        return _nonnegative_solve(a, rhs)
+
+
+def _solve_on(a: list[list[float]], rhs: list[float], free: list[int]) -> list[float]:
+    """a w = rhs restricted to the `free` indices (the others 0), by Gaussian elimination with
+    partial pivoting; a is symmetric positive definite (normal equations plus a ridge)."""
+    m = [[a[i][j] for j in free] for i in free]
+    r = [rhs[i] for i in free]
+    n = len(free)
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda row: abs(m[row][col]))
+        m[col], m[pivot], r[col], r[pivot] = m[pivot], m[col], r[pivot], r[col]
+        for row in range(n):
+            if row != col and m[row][col]:
+                factor = m[row][col] / m[col][col]
+                m[row] = [x - factor * y for x, y in zip(m[row], m[col])]
+                r[row] -= factor * r[col]
+    w = [0.0] * len(rhs)
+    for index, i in enumerate(free):
+        w[i] = r[index] / m[index][index]
+    return w
+
+
+def _nonnegative_solve(a: list[list[float]], rhs: list[float]) -> tuple[float, ...]:
+    """The w >= 0 minimising w.a.w / 2 - w.rhs (Lawson and Hanson's active set on the normal
+    equations). Usually the free solution has no negative weight: one solve."""
+    d = len(rhs)
+    w = _solve_on(a, rhs, list(range(d)))
+    if min(w) >= 0.0:
+        return tuple(w)
+    tolerance = 1e-12 * max(1.0, *(abs(x) for x in rhs))
+    w, free = [0.0] * d, []
+    for _ in range(4 * d):                  # (it ends in a few rounds; bounded against rounding)
+        gradient = [rhs[i] - sum(a[i][j] * w[j] for j in range(d)) for i in range(d)]
+        held = [i for i in range(d) if i not in free and gradient[i] > tolerance]
+        if not held:
+            break
+        free.append(max(held, key=gradient.__getitem__))
+        while free:
+            s = _solve_on(a, rhs, free)
+            blocking = [i for i in free if s[i] <= 0.0]
+            if not blocking:
+                w = s
+                break
+            # Step from w towards s until the first weight reaches 0; it leaves the free set.
+            step, first = min((w[i] / (w[i] - s[i]) if w[i] > s[i] else 0.0, i) for i in blocking)
+            w = [x + step * (y - x) for x, y in zip(w, s)]
+            w[first] = 0.0
+            free = [i for i in free if w[i] > 0.0]
+            w = [x if i in free else 0.0 for i, x in enumerate(w)]
+    return tuple(w)
 
 
 def _lending_pays(judged: float | None) -> bool:
@@ -427,7 +474,7 @@ class CostModel:
         more cores better than a decode step does (one ratio for both priced the lent cores'
         prefill 1.7x too dear), and prompt-heavy calls are few, so they are kept apart."""
         decode = []
-        new_weight = max(0.0, self._verify.weights[2])
+        new_weight = self._verify.weights[2]
         for features, busy in self._lent:
             own = self._verify.predict(features)
             if own > 0 and new_weight * features[2] < 0.5 * own:
@@ -459,8 +506,8 @@ class CostModel:
         return self._cached[1]
 
     def _fitted_costs(self, slower_lapsed: bool) -> StepCosts:
-        per_forward, per_token, fixed, draft_new = (max(0.0, w) for w in self._draft.weights)
-        verify_fixed, verify_per_token, verify_new, verify_request = (max(0.0, w) for w in self._verify.weights)
+        per_forward, per_token, fixed, draft_new = self._draft.weights
+        verify_fixed, verify_per_token, verify_new, verify_request = self._verify.weights
         borrowed, lent_ratio = (None, None, None, None), None
         ratios = self._lent_ratios()
         judged = self._standing_judgement(slower_lapsed)

@@ -278,6 +278,55 @@ def test_a_few_calls_fit_the_fixed_cost_not_the_per_token_price():
         LinearFit(prior=(1.0, 2.0), prior_weight=(1.0,))
 
 
+def test_a_fit_at_one_load_keeps_every_price_non_negative_and_prices_the_usual_call_at_its_time():
+    """psd at C = 2 on the bundled pair: every verify one request, nearly all with a draft of
+    four (8 ms), a few of one to three drafts slower (12 ms: they come at odd moments, after
+    a switch), and each request's first with its prompt. Least squares puts a token at a
+    negative price there; clamped to 0 after the fit, the usual call was priced at 12 ms
+    and psd a third slow. Fitted with every price kept >= 0, the usual call is priced at
+    what it takes."""
+    model = CostModel()
+    for i in range(500):
+        if i % 20 == 0:
+            model.observe_verify([4], 0.028, new_tokens=100)
+        elif i % 25 == 1:
+            model.observe_verify([1 + i % 3], 0.012)
+        else:
+            model.observe_verify([4], 0.008)
+    costs = model.costs()
+    assert min(costs.verify_fixed, costs.verify_per_token, costs.verify_per_request, costs.verify_per_new_token) >= 0
+    assert costs.verify([4]) == pytest.approx(0.008, rel=0.03)
+    assert costs.verify([4], new_tokens=100) == pytest.approx(0.028, rel=0.03)
+
+
+def test_the_non_negative_fit_is_the_best_fit_with_no_negative_price():
+    """Against every subset of the weights set to 0 and the others solved freely: no
+    non-negative answer fits better than the fit's."""
+    from itertools import combinations
+
+    from gateway.cost_model import _nonnegative_solve, _solve_on
+
+    def objective(a, rhs, w):
+        return 0.5 * sum(w[i] * a[i][j] * w[j] for i in range(len(w)) for j in range(len(w))) \
+            - sum(x * y for x, y in zip(w, rhs))
+
+    rng = random.Random(3)
+    negative_free_fits = 0
+    for _ in range(200):
+        d = rng.randint(2, 4)
+        rows = [[rng.uniform(-1, 1) for _ in range(d)] for _ in range(d + 3)]
+        ys = [rng.uniform(-1, 1) for _ in rows]
+        a = [[sum(r[i] * r[j] for r in rows) + (1e-3 if i == j else 0.0) for j in range(d)] for i in range(d)]
+        rhs = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(d)]
+        w = _nonnegative_solve(a, rhs)
+        assert min(w) >= 0
+        negative_free_fits += min(_solve_on(a, rhs, list(range(d)))) < 0
+        best = min(objective(a, rhs, s) for n in range(d + 1) for free in combinations(range(d), n)
+                   if min(s := _solve_on(a, rhs, list(free))) >= 0)
+        assert objective(a, rhs, w) <= best + 1e-9
+    assert negative_free_fits > 50          # (the constrained case was exercised)
+
+
 def test_acceptance_estimate_starts_from_the_pool_and_follows_the_request():
     from gateway.acceptance_estimate import AcceptanceEstimate
     from minedraft.metrics import AcceptanceStats
