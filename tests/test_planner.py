@@ -301,7 +301,8 @@ def test_a_fit_at_one_load_keeps_every_price_non_negative_and_prices_the_usual_c
 
 def test_the_non_negative_fit_is_the_best_fit_with_no_negative_price():
     """Against every subset of the weights set to 0 and the others solved freely: no
-    non-negative answer fits better than the fit's."""
+    non-negative answer fits better than the fit's, whichever weights it starts from holding
+    at 0."""
     from itertools import combinations
 
     from gateway.cost_model import _nonnegative_solve, _solve_on
@@ -320,6 +321,9 @@ def test_the_non_negative_fit_is_the_best_fit_with_no_negative_price():
         rhs = [sum(r[i] * y for r, y in zip(rows, ys)) for i in range(d)]
         w = _nonnegative_solve(a, rhs)
         assert min(w) >= 0
+        # Started from the weights an earlier fit held at 0, right or wrong: the same optimum.
+        held = tuple(rng.sample(range(d), rng.randint(1, d)))
+        assert objective(a, rhs, _nonnegative_solve(a, rhs, held)) == pytest.approx(objective(a, rhs, w), abs=1e-12)
         negative_free_fits += min(_solve_on(a, rhs, list(range(d)))) < 0
         best = min(objective(a, rhs, s) for n in range(d + 1) for free in combinations(range(d), n)
                    if min(s := _solve_on(a, rhs, list(free))) >= 0)
