@@ -82,11 +82,12 @@ def _median(values) -> float:
 class LinearFit:
     """y ~ w . x with every w >= 0 (each a price) by least squares over the last `window`
     observations, shrunk towards `prior` with weight `prior_weight` (ridge towards a guess,
-    so early fits are sane), one weight for all features or one each. An intercept wants next to none: shrunk towards a
-    guess of a few milliseconds, it leaves the slopes to make up the rest of every call's
-    time, and with few calls they come out dear (the memory-bound stand-in's verifier, 100 ms
-    a call plus 8 a token on one core, was fitted at 79 plus 13 from its start-up profile's
-    eight calls: each token beyond the first 60% dear, a plain step 15% cheap).
+    so early fits are sane), one weight for all features or one each. An intercept wants
+    next to none: shrunk towards a guess of a few milliseconds, it leaves the slopes to make
+    up the rest of every call's time, and with few calls they come out dear (the memory-bound
+    stand-in's verifier, 100 ms a call plus 8 a token on one core, was fitted at 79 plus 13
+    from its start-up profile's eight calls: each token beyond the first 60% dear, a plain
+    step 15% cheap).
     Keeps the normal equations' sums, so an observation and a solve cost O(d^2) and O(d^3)
     for a handful of features, whatever the window: the gateway fits on every call."""
 

@@ -2332,6 +2332,37 @@ def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(c
     assert ran[-10:] == ["ar"] * 10, "".join(layout[0] for layout in ran)
 
 
+def test_a_measurement_ages_only_while_requests_run(clock, no_first_trial_of_sd):
+    """As above, plain decoding priced behind psd is re-checked once unmeasured for
+    FLOOR_STALE_S, but of serving: a server idle in between has learnt nothing new and lost
+    nothing. Aged by the clock, every burst after a quiet half-minute began with a re-check
+    (the paired bench at C = 4, a setting's runs 3 s in 12: two passes in four). Here the
+    server serves 10 s, idles a minute, serves again: the re-check comes FLOOR_STALE_S of
+    serving after plain decoding was measured, not at the first plan after the idle minute."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    for _ in range(3):                                      # 3 s of plain decoding, as priced
+        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 1.0))
+    assert planner.replan(requests, K_MAX).layout == "psd"
+    run = _spell_runner(planner, clock, requests, {})
+    served, tried_after = 0.0, None
+    for _ in range(round(2 * auto.FLOOR_STALE_S / 0.5)):
+        if served == 10.0:
+            planner.idle()
+            clock[0] += 60.0
+        run(0.5)
+        if planner.history[-1].trying == "ar":
+            tried_after = served
+            break
+        served += 0.5
+    assert tried_after is not None
+    assert auto.FLOOR_STALE_S <= tried_after <= auto.FLOOR_STALE_S + 1.0
+
+
 def test_plain_decoding_settled_is_left_only_once_measured_for_a_while(clock, monkeypatch, one_plan_leads):
     """The model puts sd 2.8x ahead of plain decoding for one request; plain decoding, settled
     as at the start, is kept until FLOOR_MEASURED_S of it is measured (it runs meanwhile, so
