@@ -962,6 +962,8 @@ class AutoPlanner:
         (every 0.4-0.6 s) and auto fell from 1.08 to 0.91 of the best fixed setting at C = 4.
         Trials that keep leaving the plan in plain decoding come ever more rarely (TRIAL_BACKOFF_S)."""
         ongoing = trial is not None
+        if not ongoing and now - self._trial_ended < self._trial_wait_s:
+            return None                 # (backing off: not worth a plan's search, asked every plan)
         hoped = next(r for r in fresh if r in trial[1]) if ongoing else fresh[0]
         hopeful = choose_plan(self.costs(), self._wanted(requests, k_cap, hopeful_for=hoped), k_cap,
                               layouts=tuple(x for x in self._layouts(len(requests)) if x != "ar"), **planning)
@@ -969,8 +971,7 @@ class AutoPlanner:
             return None
         if ongoing:
             return hopeful, trial
-        if (now - self._trial_ended < self._trial_wait_s
-                or hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
+        if (hopeful.tokens_per_s < TRIAL_MARGIN * plain.tokens_per_s
                 or considered.get(hopeful.layout, 0.0) >= SWITCH_MARGIN * plain.tokens_per_s):
             return None
         steps_s = 2 * self.acceptance.MIN_REQUEST_STEPS * hopeful.step_s
