@@ -857,7 +857,7 @@ class AutoPlanner:
         """Seconds from `since` to `now` with requests running: a measurement ages only while
         the server serves (what could change it is learnt only then, and an idle server has
         nothing to lose). Aged by the clock, a burst after a quiet spell began with re-checks:
-        in the paired bench at C = 4 (each setting's runs 3 s in 12) two passes in four began
+        in the paired bench at C = 4 (each setting's runs 3 s in 15) two passes in four began
         with one of plain decoding, and auto read 0.87 of `ar`. In ten alternating runs of
         three servers (16 prompts a run), auto aged by the clock tried sd or psd in eight
         and read 0.94 of `ar` (median); aged by serving, 1.02, decoding plainly in nine."""

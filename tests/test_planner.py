@@ -2336,7 +2336,7 @@ def test_a_measurement_ages_only_while_requests_run(clock, no_first_trial_of_sd)
     """As above, plain decoding priced behind psd is re-checked once unmeasured for
     FLOOR_STALE_S, but of serving: a server idle in between has learnt nothing new and lost
     nothing. Aged by the clock, every burst after a quiet half-minute began with a re-check
-    (the paired bench at C = 4, a setting's runs 3 s in 12: two passes in four). Here the
+    (the paired bench at C = 4, a setting's runs 3 s in 15: two passes in four). Here the
     server serves 10 s, idles a minute, serves again: the re-check comes FLOOR_STALE_S of
     serving after plain decoding was measured, not at the first plan after the idle minute."""
     from gateway import auto
