@@ -2303,6 +2303,18 @@ def test_plain_decoding_left_on_its_own_slow_reading_is_rechecked_soon_then_ever
     assert planner._floor_wait is None                      # (none owed while it is settled)
 
 
+def _plain_decoding_measured_at_start(clock):
+    """-> (planner, eight requests) whose model puts plain decoding at 0.65 of psd, with 3 s
+    of plain decoding measured as priced, ending now."""
+    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    for _ in range(3):
+        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 1.0))
+    return planner, requests
+
+
 def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(clock, no_first_trial_of_sd):
     """Plain decoding priced at 0.65 of psd, too far behind to be a contender, is what auto
     must not lose to, and its price is fitted only while it runs (its lent-core costs fitted
@@ -2311,12 +2323,7 @@ def test_plain_decoding_priced_behind_is_rechecked_once_unmeasured_for_a_while(c
     prediction, and chosen where it delivers twice its price."""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    for _ in range(3):                                      # 3 s of plain decoding, as priced
-        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 1.0))
+    planner, requests = _plain_decoding_measured_at_start(clock)
     measured_at = clock[0]
     first = planner.replan(requests, K_MAX)
     assert first.layout == "psd" and first.considered["ar"] < auto.EXPLORE_WITHIN * first.tokens_per_s
@@ -2341,12 +2348,7 @@ def test_a_measurement_ages_only_while_requests_run(clock, no_first_trial_of_sd)
     serving after plain decoding was measured, not at the first plan after the idle minute."""
     from gateway import auto
 
-    costs = StepCosts(draft_per_forward=5e-4, draft_per_token=5e-5, draft_fixed=0.0,
-                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
-    planner = _planner_with(costs)
-    requests = [_active(i) for i in range(8)]
-    for _ in range(3):                                      # 3 s of plain decoding, as priced
-        planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], 1.0, 1.0))
+    planner, requests = _plain_decoding_measured_at_start(clock)
     assert planner.replan(requests, K_MAX).layout == "psd"
     run = _spell_runner(planner, clock, requests, {})
     served, tried_after = 0.0, None
