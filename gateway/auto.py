@@ -163,6 +163,15 @@ DELIVERED_ENOUGH_S = 1.0    # Plain decoding, the floor, is chosen over a drafti
                             # delivered 557-652 tok/s and plain decoding's 699-710, the two read
                             # alike against the model (plain decoding's spells held none of its
                             # waves' prefill: they were not the batch planned)
+FLOOR_DELIVERY_MAX_S = 3.0  # Plain decoding not measured end to end at a load where a drafting layout
+                            # is settled and was (DELIVERED_ENOUGH_S there) is tried until it is,
+                            # for this long at most (its switch settles first, SETTLE_S), whatever
+                            # the model says: at C = 16 psd, priced 5-8% ahead, was settled while plain
+                            # decoding's one trial at that load was cut short by a wave's end, and
+                            # ran 76% of the steps of a paired run at 0.85 of fixed `ar` (its 64
+                            # requests' waves prefill whole in plain decoding, spread out in psd:
+                            # the spells the model is read against hold neither). Once per load and
+                            # FLOOR_STALE_S of serving: a measurement stands (see _delivered_rate).
 HISTORY_KEPT = 512          # decisions GetServerInfo shows (a couple of minutes at the usual pace)
 IDLE_SPANS_KEPT = 256       # idle spells remembered to age measurements by serving time (_serving_age)
 
@@ -192,6 +201,8 @@ class _Trial(NamedTuple):
     free: bool                      # free of the trial budget: the layout's first measurement, or a
                                     # close contender's (AutoPlanner._close), not another re-check
     confirming: float | None = None     # since when it runs on to be measured for CONFIRM_S
+    delivering: bool = False        # plain decoding run until it has delivered enough to be
+                                    # judged end to end (FLOOR_DELIVERY_MAX_S)
 
 
 class _Measured(NamedTuple):
@@ -282,6 +293,8 @@ class AutoPlanner:
         self._floor_wait: float | None = None           # plain decoding's next early re-check (see
                                                         # FLOOR_FIRST_RECHECK_S; None: none owed)
         self._recheck_load = 0                          # requests running when those were reset
+        self._floor_delivery_tried: dict[int, float] = {}  # per load, when plain decoding was last
+                                                        # tried to measure what it delivers there
         self.explorations = 0
         self.request_trials = 0         # trials of drafting for fresh requests on a hopeful price ...
         # ... and the one in force: (until when at most, the requests it was begun for).
@@ -698,8 +711,11 @@ class AutoPlanner:
         """A contender not measured lately (or the one being tried, until it has been)."""
         now = time.monotonic()
         if self._exploring is not None:
-            layout, since, _, confirming = self._exploring
+            layout, since, _, confirming, delivering = self._exploring
             measured = self._enough(layout, self._recent(layout, since))
+            if delivering and layout in best.considered and now - since < FLOOR_DELIVERY_MAX_S \
+                    and self._delivered_rate(layout, running) is None:
+                return layout
             if layout in best.considered and not measured and now - since < self._trial_cap_s(layout):
                 return layout
             if measured and self._to_confirm(layout, best, since, now):
@@ -707,11 +723,17 @@ class AutoPlanner:
                     self._exploring = self._exploring._replace(confirming=now)
                 return layout
             self._exploring = None
-            self._trial_length_s = (now if confirming is None else confirming) - since
+            if not delivering:          # (what a re-check is reserved at: see _may_explore)
+                self._trial_length_s = (now if confirming is None else confirming) - since
             if measured:                            # the fresh measurement replaces the old one
                 spells = self._measured[layout]
                 while spells and spells[0].ended < since:
                     spells.popleft()
+        if self._floor_unproven(best, running, now):
+            self._floor_delivery_tried[running] = now
+            self._exploring = _Trial("ar", now, free=True, delivering=True)
+            self.explorations += 1
+            return "ar"
         best_slowdown = self.slowdown(best.layout, running)
         # The best is tried only to measure it, while the settled layout may keep it out on the
         # margin at the load it was settled for (_layout_to_keep): at C = 1 with 140 ms steps sd
@@ -776,6 +798,26 @@ class AutoPlanner:
                 self.explorations += 1
                 return layout
         return None
+
+    def _floor_unproven(self, best: Plan, running: int, now: float) -> bool:
+        """Whether plain decoding is to be tried now to measure what it delivers end to end at
+        about `running` requests (FLOOR_DELIVERY_MAX_S): a drafting layout is settled at about
+        that load and delivered a rate there that plain decoding has none to stand against
+        (_plain_delivers_more judges the two), and no such trial was made at about that load
+        within FLOOR_STALE_S of serving. Not while fewer requests run than the settled layout
+        was chosen for (a wave's tail), nor where the model puts plain decoding ahead (it is
+        chosen on that) or out of reach (below EXPLORE_WITHIN of the best: any trial needs a
+        chance of winning)."""
+        settled = self._settled
+        if (settled == "ar" or best.layout == "ar" or best.considered.get("ar", 0.0) < EXPLORE_WITHIN * best.tokens_per_s
+                or not self._settled_for
+                or not self._settled_for <= running <= 2 * self._settled_for):
+            return False
+        if self._delivered_rate(settled, running) is None or self._delivered_rate("ar", running) is not None:
+            return False
+        return not any(1 / NEAR_LOAD <= load / running <= NEAR_LOAD
+                       and self._serving_age(at, now) < FLOOR_STALE_S
+                       for load, at in self._floor_delivery_tried.items())
 
     def _to_confirm(self, layout: str, best: Plan, since: float, now: float) -> bool:
         """Whether a trial of `layout` begun at `since`, measured enough to be judged, is to

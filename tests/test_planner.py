@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -888,6 +889,55 @@ def test_plain_decoding_that_delivered_more_is_chosen_over_a_drafting_layout_pri
     plan = planner.replan(requests, K_MAX)
     assert plan.considered["psd"] > auto.SWITCH_MARGIN * plan.considered["ar"]      # (priced ahead all along)
     assert plan.layout == chosen and planner._settled == chosen
+
+
+@pytest.mark.parametrize("plain_delivers, chosen", [(1.2, "ar"), (0.9, "psd")])
+def test_plain_decoding_is_tried_where_a_drafting_layout_settled_without_it_delivering(
+        clock, monkeypatch, plain_delivers, chosen):
+    """psd, priced 8% ahead of plain decoding (within the switch margin), is settled at 8
+    requests and delivered there; plain decoding delivered at 4 only (its trial at 8 cut
+    short by a wave's end), and its measurement there is fresh, so no re-check is due. It
+    is tried all the same, free of the trial budget, and past the point its slowdown is
+    measured (MEASURED_ENOUGH_S), until it has delivered DELIVERED_ENOUGH_S at 8; then what
+    each delivered decides (_plain_delivers_more; the rates here are the model's, whatever
+    the slowdowns), and no such trial is made again at that load within FLOOR_STALE_S."""
+    from gateway import auto
+
+    rates = {"ar": 500.0, "psd": 540.0, "sd": 300.0}
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates))
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    requests = [_active(i) for i in range(8)]
+    for layout in LAYOUTS:                  # every layout measured lately: no re-check due
+        planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
+    planner._delivered["psd"].extend(_delivered_spells(planner, requests, "psd", clock[0], 0.2, rates["psd"]))
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests[:4], "ar", clock[0], 0.2, 400.0))
+    planner._settled, planner._settled_for, planner.plan = "psd", len(requests), replace(planner.plan, layout="psd")
+    budget = planner._trial_s
+    ran, trials, trying, spent = [], [], [], []     # (the layout run, any trial, "ar" where run to
+                                                    # measure what it delivers, the trial budget spent)
+    step_tokens = {layout: round(rate * (plain_delivers if layout == "ar" else 1.0) * 0.1 / STEPS_PER_SPELL)
+                   for layout, rate in rates.items()}
+    for _ in range(round(2 * auto.FLOOR_STALE_S / 0.1)):
+        plan = planner.replan(requests, K_MAX)
+        ran.append(plan.layout)
+        trials.append(planner.history[-1].trying)
+        delivering = planner._exploring is not None and planner._exploring.delivering
+        trying.append(trials[-1] if delivering else "")
+        spent.append(planner._trial_s)
+        for _ in range(STEPS_PER_SPELL):
+            planner.observe_step(plan.layout, step_tokens[plan.layout], 0, _batch(plan.layout, requests))
+        clock[0] += 0.1
+    stale = round(auto.FLOOR_STALE_S / 0.1)     # (plans in FLOOR_STALE_S)
+    tried = [i for i, t in enumerate(trying) if t == "ar"]
+    shown = "".join(t[:1] or "-" for t in trying)
+    assert tried and tried[0] <= 1, shown                   # (the first plan is a new load's)
+    tried = [i for i in tried if i < tried[0] + stale]      # not again within FLOOR_STALE_S: it stands
+    assert tried == list(range(tried[0], tried[-1] + 1)), shown
+    assert auto.DELIVERED_ENOUGH_S <= 0.1 * len(tried) <= auto.FLOOR_DELIVERY_MAX_S
+    assert planner._delivered_rate("ar", 8) == pytest.approx(step_tokens["ar"] * STEPS_PER_SPELL / 0.1)
+    assert spent[tried[-1] + 1] == budget                   # (free of the trial budget)
+    settled = [layout for layout, trial in zip(ran, trials) if not trial][tried[-1] + 2:]
+    assert set(settled) == {chosen}, "".join(layout[0] for layout in ran)      # (re-checks aside)
 
 
 def test_a_wave_is_delivered_by_its_layout_though_not_measured_against_the_model(clock, no_trials):
@@ -1982,11 +2032,13 @@ def test_the_trial_budget_counts_a_trial_at_the_length_trials_take(clock, monkey
     its switch settles: trials whose steps are slow to come back run to EXPLORE_MAX_S. The
     budget counts the next trial at the latest one's length, so re-checks stay within
     EXPLORE_SHARE of the running time (counted at MEASURED_ENOUGH_S, five times as much).
-    (Plain decoding's re-checks as the floor reserve nothing: tested apart.)"""
+    (Plain decoding's re-checks as the floor reserve nothing, and its trial to measure what
+    it delivers is free of the budget: tested apart, and kept out here.)"""
     from gateway import auto
 
     planner, requests = _settled_in_psd_the_others_measured_briefly(clock, monkeypatch)
     monkeypatch.setattr(auto, "FLOOR_STALE_S", float("inf"))
+    monkeypatch.setattr(planner, "_floor_unproven", lambda *args: False)
     spell_s, spells, trial_s = 0.1, 1800, 0.0
     for _ in range(spells):
         planner._recheck_after.clear()      # every re-check is due at its shortest
