@@ -662,7 +662,8 @@ class AutoPlanner:
                         {k: tuple(round(x, 2) for x in self._slowdowns(k, len(requests))) for k in LAYOUTS},
                         "lent" if costs.lending_pays else "own",
                         "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
-                        f"; trying {self._exploring.layout}" if self._exploring
+                        f"; trying {self._exploring.layout}"
+                        + (" to measure what it delivers" if self._exploring.delivering else "") if self._exploring
                         else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
         return plan
