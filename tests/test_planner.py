@@ -891,6 +891,23 @@ def test_plain_decoding_that_delivered_more_is_chosen_over_a_drafting_layout_pri
     assert plan.layout == chosen and planner._settled == chosen
 
 
+def _psd_settled_where_plain_decoding_never_delivered(clock, monkeypatch, rates: dict[str, float]):
+    """-> (planner, 8 requests): the layouts' rates are `rates` whatever the requests; psd is
+    settled at 8 and delivered there, plain decoding delivered at 4 only, and every layout
+    was measured lately (no re-check is due)."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates))
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    requests = [_active(i) for i in range(8)]
+    for layout in LAYOUTS:
+        planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
+    planner._delivered["psd"].extend(_delivered_spells(planner, requests, "psd", clock[0], 0.2, rates["psd"]))
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests[:4], "ar", clock[0], 0.2, 400.0))
+    planner._settled, planner._settled_for, planner.plan = "psd", len(requests), replace(planner.plan, layout="psd")
+    return planner, requests
+
+
 @pytest.mark.parametrize("plain_delivers, chosen", [(1.2, "ar"), (0.9, "psd")])
 def test_plain_decoding_is_tried_where_a_drafting_layout_settled_without_it_delivering(
         clock, monkeypatch, plain_delivers, chosen):
@@ -904,14 +921,7 @@ def test_plain_decoding_is_tried_where_a_drafting_layout_settled_without_it_deli
     from gateway import auto
 
     rates = {"ar": 500.0, "psd": 540.0, "sd": 300.0}
-    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates))
-    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
-    requests = [_active(i) for i in range(8)]
-    for layout in LAYOUTS:                  # every layout measured lately: no re-check due
-        planner._measured[layout].append(_measured_spell(planner, requests, layout, clock[0], 0.3, 0.3))
-    planner._delivered["psd"].extend(_delivered_spells(planner, requests, "psd", clock[0], 0.2, rates["psd"]))
-    planner._delivered["ar"].extend(_delivered_spells(planner, requests[:4], "ar", clock[0], 0.2, 400.0))
-    planner._settled, planner._settled_for, planner.plan = "psd", len(requests), replace(planner.plan, layout="psd")
+    planner, requests = _psd_settled_where_plain_decoding_never_delivered(clock, monkeypatch, rates)
     budget = planner._trial_s
     ran, trials, trying, spent = [], [], [], []     # (the layout run, any trial, "ar" where run to
                                                     # measure what it delivers, the trial budget spent)
@@ -938,6 +948,35 @@ def test_plain_decoding_is_tried_where_a_drafting_layout_settled_without_it_deli
     assert spent[tried[-1] + 1] == budget                   # (free of the trial budget)
     settled = [layout for layout, trial in zip(ran, trials) if not trial][tried[-1] + 2:]
     assert set(settled) == {chosen}, "".join(layout[0] for layout in ran)      # (re-checks aside)
+
+
+def test_a_trial_of_plain_decoding_that_measured_no_delivery_is_not_made_again_at_once(clock, monkeypatch):
+    """Plain decoding's trial to measure what it delivers, ended at FLOOR_DELIVERY_MAX_S with
+    nothing measured (none of its steps came back in time), is not begun again at about the
+    same load (within NEAR_LOAD) until FLOOR_STALE_S of serving has passed: a load that never
+    lets it measure would otherwise run plain decoding, priced behind, for good."""
+    from gateway import auto
+
+    planner, requests = _psd_settled_where_plain_decoding_never_delivered(
+        clock, monkeypatch, {"ar": 500.0, "psd": 540.0, "sd": 300.0})
+
+    def delivering() -> bool:
+        return planner._exploring is not None and planner._exploring.delivering
+
+    planner.replan(requests, K_MAX)                 # (a new load: no trial begins)
+    clock[0] += 0.1
+    assert planner.replan(requests, K_MAX).layout == "ar" and delivering()
+    clock[0] += auto.FLOOR_DELIVERY_MAX_S          # nothing came back
+    assert planner.replan(requests, K_MAX).layout == "psd" and not delivering()
+    tried_at = clock[0] - auto.FLOOR_DELIVERY_MAX_S
+    for running in (requests, requests + [_active(8)]):     # (9: about the same load)
+        for _ in range(round((auto.FLOOR_STALE_S - auto.FLOOR_DELIVERY_MAX_S - 1.0) / 2 / 0.5)):
+            clock[0] += 0.5
+            planner.replan(running, K_MAX)
+            assert not delivering(), clock[0] - tried_at
+    clock[0] = tried_at + auto.FLOOR_STALE_S + 0.5
+    planner.replan(running, K_MAX)
+    assert delivering()                             # its wait is over
 
 
 def test_a_wave_is_delivered_by_its_layout_though_not_measured_against_the_model(clock, no_trials):
