@@ -810,9 +810,9 @@ class AutoPlanner:
         chosen on that) or out of reach (below EXPLORE_WITHIN of the best: any trial needs a
         chance of winning)."""
         settled = self._settled
-        if (settled == "ar" or best.layout == "ar" or best.considered.get("ar", 0.0) < EXPLORE_WITHIN * best.tokens_per_s
-                or not self._settled_for
-                or not self._settled_for <= running <= 2 * self._settled_for):
+        if settled == "ar" or best.layout == "ar" or not self._settled_for <= running <= 2 * self._settled_for:
+            return False
+        if best.considered.get("ar", 0.0) < EXPLORE_WITHIN * best.tokens_per_s:
             return False
         if self._delivered_rate(settled, running) is None or self._delivered_rate("ar", running) is not None:
             return False
