@@ -164,7 +164,8 @@ DELIVERED_ENOUGH_S = 1.0    # Plain decoding, the floor, is chosen over a drafti
                             # alike against the model (plain decoding's spells held none of its
                             # waves' prefill: they were not the batch planned)
 FLOOR_DELIVERY_MAX_S = 3.0  # Plain decoding not measured end to end at a load where a drafting layout
-                            # is settled and was (DELIVERED_ENOUGH_S there) is tried until it is,
+                            # is settled and was (DELIVERED_ENOUGH_S there; or measured there only
+                            # briefly, before that layout settled: see _floor_unproven) is tried until it is,
                             # for this long at most (its switch settles first, SETTLE_S), whatever
                             # the model says: at C = 16 psd, priced 5-8% ahead, was settled while plain
                             # decoding's one trial at that load was cut short by a wave's end, and
@@ -394,9 +395,20 @@ class AutoPlanner:
         about `running` requests (NEAR_LOAD) within SLOWDOWN_SPAN_S of its latest, as planned
         or not: end to end, a wave's prefill and its stalls included. None where those spells
         last under DELIVERED_ENOUGH_S."""
-        near = _latest(self._delivered[layout], running=running)
+        return self._delivered_since(layout, running, float("-inf"))
+
+    def _delivered_since(self, layout: str, running: int, since: float) -> float | None:
+        """_delivered_rate from the spells of it that ended after `since` only."""
+        spells = self._delivered[layout]
+        if spells:
+            since = max(since, spells[-1].ended - SLOWDOWN_SPAN_S)
+        near = _latest(spells, since=since, running=running)
         seconds = sum(spell.seconds for spell in near)
         return sum(spell.tokens for spell in near) / seconds if seconds >= DELIVERED_ENOUGH_S else None
+
+    def _floor_delivered_s(self, running: int) -> float:
+        """How long plain decoding's delivered rate at about `running` requests rests on."""
+        return sum(spell.seconds for spell in _latest(self._delivered["ar"], running=running))
 
     def _delivered_rates(self, running: int) -> dict[str, float]:
         """Each layout's _delivered_rate at about `running` requests, where it has one."""
@@ -715,7 +727,7 @@ class AutoPlanner:
             layout, since, _, confirming, delivering = self._exploring
             measured = self._enough(layout, self._recent(layout, since))
             if delivering and layout in best.considered and now - since < FLOOR_DELIVERY_MAX_S \
-                    and self._delivered_rate(layout, running) is None:
+                    and self._delivered_since(layout, running, since) is None:
                 return layout
             if layout in best.considered and not measured and now - since < self._trial_cap_s(layout):
                 return layout
@@ -730,6 +742,11 @@ class AutoPlanner:
                 spells = self._measured[layout]
                 while spells and spells[0].ended < since:
                     spells.popleft()
+            if delivering and self._delivered_since(layout, running, since) is not None:
+                # ... and so does what it delivered at this load (another load's reading stays)
+                self._delivered[layout] = deque((spell for spell in self._delivered[layout]
+                                                 if spell.ended >= since or not _near_load(spell, running)),
+                                                maxlen=SPELLS_KEPT)
         if self._floor_unproven(best, running, now):
             self._floor_delivery_tried[running] = now
             self._exploring = _Trial("ar", now, free=True, delivering=True)
@@ -803,9 +820,12 @@ class AutoPlanner:
     def _floor_unproven(self, best: Plan, running: int, now: float) -> bool:
         """Whether plain decoding is to be tried now to measure what it delivers end to end at
         about `running` requests (FLOOR_DELIVERY_MAX_S): a drafting layout is settled at about
-        that load and delivered a rate there that plain decoding has none to stand against
-        (_plain_delivers_more judges the two), and no such trial was made at about that load
-        within FLOOR_STALE_S of serving. Not while fewer requests run than the settled layout
+        that load and delivered a rate there, plain decoding has not been measured there since
+        that layout was settled nor for CONFIRM_S all told (_plain_delivers_more judges the
+        two; a short older reading may be the server's first seconds: at C = 16 plain decoding
+        delivered 579 tok/s over 1 s of the warm-up against 900-980 in fixed `ar`, and psd, at
+        810, was settled on it for a pass and a half), and no such trial was made at about that
+        load within FLOOR_STALE_S of serving. Not while fewer requests run than the settled layout
         was chosen for (a wave's tail), nor where the model puts plain decoding ahead (it is
         chosen on that) or out of reach (below EXPLORE_WITHIN of the best: any trial needs a
         chance of winning)."""
@@ -814,7 +834,9 @@ class AutoPlanner:
             return False
         if best.considered.get("ar", 0.0) < EXPLORE_WITHIN * best.tokens_per_s:
             return False
-        if self._delivered_rate(settled, running) is None or self._delivered_rate("ar", running) is not None:
+        if self._delivered_rate(settled, running) is None or self._floor_delivered_s(running) >= CONFIRM_S:
+            return False
+        if self._delivered_since("ar", running, self._settled_at) is not None:
             return False
         return not any(1 / NEAR_LOAD <= load / running <= NEAR_LOAD
                        and self._serving_age(at, now) < FLOOR_STALE_S

@@ -950,6 +950,43 @@ def test_plain_decoding_is_tried_where_a_drafting_layout_settled_without_it_deli
     assert set(settled) == {chosen}, "".join(layout[0] for layout in ran)      # (re-checks aside)
 
 
+@pytest.mark.parametrize("earlier_s, tried", [(1.0, True), (2.4, False)])
+def test_plain_decoding_measured_briefly_before_a_drafting_layout_settled_is_measured_again(
+        clock, monkeypatch, earlier_s, tried):
+    """Plain decoding delivered 300 tok/s at 8 requests for a second before psd (540) was
+    settled there (a server's first seconds: 579 tok/s in a warm-up at C = 16 against 900-980
+    in fixed `ar`). That reading is not what psd is held to: plain decoding is tried again,
+    delivers 600, its new reading replaces the old, and it is chosen. A reading of CONFIRM_S
+    stands as it is (2.4 s here)."""
+    from gateway import auto
+
+    assert 1.0 < auto.CONFIRM_S < 2.4
+    rates = {"ar": 500.0, "psd": 540.0, "sd": 300.0}
+    planner, requests = _psd_settled_where_plain_decoding_never_delivered(clock, monkeypatch, rates)
+    spells = round(earlier_s / 0.2)
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests, "ar", clock[0] - 0.5, 0.2, 300.0,
+                                                      count=spells))
+    planner._settled_at = clock[0]
+    assert planner._delivered_rate("ar", 8) == pytest.approx(300.0, rel=0.02)
+    step_tokens = {layout: round(rate * (1.2 if layout == "ar" else 1.0) * 0.1 / STEPS_PER_SPELL)
+                   for layout, rate in rates.items()}
+    ran = []
+    for _ in range(round(auto.FLOOR_DELIVERY_MAX_S / 0.1) + 20):
+        plan = planner.replan(requests, K_MAX)
+        ran.append(plan.layout if not planner.history[-1].trying else "trial")
+        for _ in range(STEPS_PER_SPELL):
+            planner.observe_step(plan.layout, step_tokens[plan.layout], 0, _batch(plan.layout, requests))
+        clock[0] += 0.1
+    shown = "".join(layout[0] for layout in ran)
+    if tried:
+        new = step_tokens["ar"] * STEPS_PER_SPELL / 0.1                                # (about 600)
+        assert planner._delivered_rate("ar", 8) == pytest.approx(new)                  # (the old reading gone)
+        assert ran[1] == "trial" and set(ran[ran.index("psd", 1) + 1:]) <= {"ar", "trial"}, shown
+        assert ran[-1] == "ar" and planner._settled == "ar", shown
+    else:
+        assert set(ran) <= {"psd", "trial"} and ran[:20] == ["psd"] * 20, shown       # (re-checks aside)
+
+
 def test_a_trial_of_plain_decoding_that_measured_no_delivery_is_not_made_again_at_once(clock, monkeypatch):
     """Plain decoding's trial to measure what it delivers, ended at FLOOR_DELIVERY_MAX_S with
     nothing measured (none of its steps came back in time), is not begun again at about the
@@ -2552,7 +2589,9 @@ def _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s: float):
     planner = _planner_with(costs)
     requests = [_active(i) for i in range(8)]
     planner._settled, planner._settled_for = "ar", len(requests)
-    planner._measured["ar"].append(_measured_spell(planner, requests, "ar", clock[0], ar_measured_s, ar_measured_s))
+    measured = _measured_spell(planner, requests, "ar", clock[0], ar_measured_s, ar_measured_s)
+    planner._measured["ar"].append(measured)
+    planner._delivered["ar"].append(measured)           # (every measured spell is a delivered one)
     rates = choose_plan(costs, planner._wanted(requests, K_MAX), K_MAX).considered
     assert auto.MEASURED_MARGIN < rates["psd"] / rates["ar"] < auto.SWITCH_MARGIN
     return planner, requests
