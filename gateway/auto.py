@@ -399,16 +399,17 @@ class AutoPlanner:
 
     def _delivered_since(self, layout: str, running: int, since: float) -> float | None:
         """_delivered_rate from the spells of it that ended after `since` only."""
+        tokens, seconds = self._delivered_over(layout, running, since)
+        return tokens / seconds if seconds >= DELIVERED_ENOUGH_S else None
+
+    def _delivered_over(self, layout: str, running: int, since: float = float("-inf")) -> tuple[int, float]:
+        """(tokens, seconds) of the spells _delivered_rate reads at about `running` requests,
+        those that ended after `since` only."""
         spells = self._delivered[layout]
         if spells:
             since = max(since, spells[-1].ended - SLOWDOWN_SPAN_S)
         near = _latest(spells, since=since, running=running)
-        seconds = sum(spell.seconds for spell in near)
-        return sum(spell.tokens for spell in near) / seconds if seconds >= DELIVERED_ENOUGH_S else None
-
-    def _floor_delivered_s(self, running: int) -> float:
-        """How long plain decoding's delivered rate at about `running` requests rests on."""
-        return sum(spell.seconds for spell in _latest(self._delivered["ar"], running=running))
+        return sum(spell.tokens for spell in near), sum(spell.seconds for spell in near)
 
     def _delivered_rates(self, running: int) -> dict[str, float]:
         """Each layout's _delivered_rate at about `running` requests, where it has one."""
@@ -834,7 +835,7 @@ class AutoPlanner:
             return False
         if best.considered.get("ar", 0.0) < EXPLORE_WITHIN * best.tokens_per_s:
             return False
-        if self._delivered_rate(settled, running) is None or self._floor_delivered_s(running) >= CONFIRM_S:
+        if self._delivered_rate(settled, running) is None or self._delivered_over("ar", running)[1] >= CONFIRM_S:
             return False
         if self._delivered_since("ar", running, self._settled_at) is not None:
             return False
