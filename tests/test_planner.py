@@ -2178,6 +2178,41 @@ def test_a_moment_of_fewer_requests_keeps_the_layout(clock, monkeypatch, no_tria
     assert ran == ["ar", "ar", "sd", "sd"]
 
 
+def test_no_trial_starts_in_a_moment_of_fewer_requests(clock, monkeypatch, one_plan_leads):
+    """psd settled for two requests in a closed loop; between a request's end and the next
+    one's arrival one runs alone, and for one request plain decoding, never measured, is
+    priced within FIRST_EXPLORE_WITHIN of the best (at two it is not). No trial starts in that
+    moment (begun there, it ran on at two requests, where plain decoding runs at 0.6 of psd,
+    until measured); a drop that lasts past LOAD_DROP_S is a load like any, and trials follow."""
+    from gateway import auto
+
+    rates = {1: {"sd": 100.0, "ar": 85.0, "psd": 100.0}, 2: {"psd": 270.0, "sd": 150.0, "ar": 150.0}}
+    monkeypatch.setattr(auto, "choose_plan", _chooser_of(lambda n: rates[min(n, 2)]))
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 2.0)          # (settled without trials first)
+    planner = _planner_with(StepCosts(2e-4, 5e-5, 0.0, 1e-3, 1e-4, 2e-4))
+    two = [_active(0), _active(1)]
+    for _ in range(2):
+        planner.replan(two, K_MAX)
+        clock[0] += 0.2
+    assert planner._settled == "psd" and planner._settled_for == 2
+    monkeypatch.setattr(auto, "FIRST_EXPLORE_WITHIN", 0.6)
+    assert rates[1]["ar"] >= auto.FIRST_EXPLORE_WITHIN * rates[1]["sd"]             # tried for one ...
+    assert rates[2]["ar"] < auto.FIRST_EXPLORE_WITHIN * rates[2]["psd"]             # ... not for two
+    for turn in range(5):                                   # a few ms of one request, then two again
+        assert planner.replan(two[:1], K_MAX).layout == "psd" and not planner.history[-1].trying
+        clock[0] += 0.01
+        two = [two[0], _active(2 + turn)]
+        assert planner.replan(two, K_MAX).layout == "psd" and not planner.history[-1].trying
+        clock[0] += 0.2
+    assert planner.layout_switches == 1                     # (plain decoding to psd, at the start)
+    tried = []
+    for _ in range(4):                                      # one request for good
+        planner.replan(two[:1], K_MAX)
+        tried.append(planner.history[-1].trying)
+        clock[0] += auto.LOAD_DROP_S / 2
+    assert tried[:2] == ["", ""] and "ar" in tried[2:], tried
+
+
 def test_the_first_request_after_idling_keeps_the_layout_like_any_drop_in_load(clock, monkeypatch):
     """A closed loop's wave ends (its last request alone for a while, then nothing runs); the
     next wave's first request arrives alone a moment before the rest. It keeps the settled
