@@ -827,9 +827,9 @@ class AutoPlanner:
         for fresh requests): it would be priced for a load that is gone within milliseconds and
         then run at the usual one. At C = 2 the plans that fell in such a moment, one request
         running, put plain decoding (priced 85 tok/s against sd's 100, its slowdown 1.59 against
-        sd's 1.14) ahead were it no slower than sd, and began its early re-check; each ran on at
-        two requests, 0.6 of psd's pace there, until measured: four in three passes of a
-        paired run."""
+        sd's 1.14) ahead were it no slower than sd, and began a re-check of it; each ran on at
+        two requests, 0.6 of psd's pace there, until measured: four in one server's warm-up
+        and six paired passes."""
         return self._fewer_since is not None and now - self._fewer_since < LOAD_DROP_S
 
     def _floor_unproven(self, best: Plan, running: int, now: float) -> bool:
