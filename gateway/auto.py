@@ -823,9 +823,10 @@ class AutoPlanner:
     def _load_dropped(self, now: float) -> bool:
         """Whether fewer requests than the settled layout was chosen for run, since less than
         LOAD_DROP_S: the moment between a request's end and the next one's arrival in a closed
-        loop, or a wave's first or last requests. No new trial starts in it (nor does a trial
-        for fresh requests): it would be priced for a load that is gone within milliseconds and
-        then run at the usual one. At C = 2 the plans that fell in such a moment, one request
+        loop, or a wave's first or last requests. The settled layout is kept through it
+        (_layout_to_keep), and no new trial starts in it (nor does a trial for fresh requests):
+        it would be priced for a load that is gone within milliseconds and then run at the
+        usual one. At C = 2 the plans that fell in such a moment, one request
         running, put plain decoding (priced 85 tok/s against sd's 100, its slowdown 1.59 against
         sd's 1.14) ahead were it no slower than sd, and began a re-check of it; each ran on at
         two requests, 0.6 of psd's pace there, until measured: four in one server's warm-up
@@ -975,8 +976,7 @@ class AutoPlanner:
         now = time.monotonic()
         if best.layout == "ar" and self._plain_delivers_more(self._settled, running):
             return None
-        if (current is not None and self._fewer_since is not None
-                and now - self._fewer_since < LOAD_DROP_S):
+        if current is not None and self._load_dropped(now):
             return self._settled
         if (current is not None and self._settled == "ar" and best.layout != "ar"
                 and now - self._settled_at < FLOOR_HOLD_MAX_S
