@@ -39,7 +39,7 @@ from minedraft.v1 import generation_pb2
 
 logger = logging.getLogger("minedraft.gateway")
 SPELLS_KEPT = 64          # measured spells per layout the slowdown is read from
-SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long of its latest
+SLOWDOWN_SPAN_S = 30.0      # a layout's slowdown: its spells within this long (of serving) of its latest
 MEASURED_ENOUGH_S = 0.3     # a layout's slowdown is read once this long of its running is measured
 MEASURED_ENOUGH_DRAWS = 32  # ... and, for a drafting layout, this many request-steps (a step of a
                             # request gives 1 to k + 1 tokens by chance: at k = 2 and acceptance
@@ -204,6 +204,7 @@ class _Trial(NamedTuple):
     confirming: float | None = None     # since when it runs on to be measured for CONFIRM_S
     delivering: bool = False        # plain decoding run until it has delivered enough to be
                                     # judged end to end (FLOOR_DELIVERY_MAX_S)
+    why: str = ""                   # what started it, for the log
 
 
 class _Measured(NamedTuple):
@@ -237,11 +238,9 @@ def _near_load(spell: "_Measured", running: int) -> bool:
     return 1 / NEAR_LOAD <= len(spell.draft_lengths) / max(1, running) <= NEAR_LOAD
 
 
-def _latest(spells: deque["_Measured"], since: float | None = None, running: int | None = None) -> list["_Measured"]:
-    """The spells since `since`, by default the latest SLOWDOWN_SPAN_S of them, and of those
-    only the ones planned for about `running` requests if given (NEAR_LOAD)."""
-    if since is None:
-        since = spells[-1].ended - SLOWDOWN_SPAN_S if spells else 0.0
+def _latest(spells: deque["_Measured"], since: float, running: int | None = None) -> list["_Measured"]:
+    """The spells that ended since `since`, and of those only the ones planned for about
+    `running` requests if given (NEAR_LOAD)."""
     return [spell for spell in spells if spell.ended >= since and (running is None or _near_load(spell, running))]
 
 
@@ -385,10 +384,13 @@ class AutoPlanner:
                              1e3 * prefill)
 
     def _recent(self, layout: str, since: float | None = None, running: int | None = None) -> list[_Measured]:
-        """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of them (an
-        old measurement stands until the layout is measured again, see _layout_to_try), and
-        of those only the ones planned for about `running` requests if given (NEAR_LOAD)."""
-        return _latest(self._measured[layout], since, running)
+        """The layout's spells since `since`, by default its latest SLOWDOWN_SPAN_S of serving
+        (an old measurement stands until the layout is measured again, see _layout_to_try),
+        and of those only the ones planned for about `running` requests if given (NEAR_LOAD)."""
+        spells = self._measured[layout]
+        if since is None:
+            since = self._span_start(spells[-1].ended) if spells else 0.0
+        return _latest(spells, since, running)
 
     def _delivered_rate(self, layout: str, running: int) -> float | None:
         """Output tokens a second the layout delivered over its counted spells planned for
@@ -407,7 +409,7 @@ class AutoPlanner:
         those that ended after `since` only."""
         spells = self._delivered[layout]
         if spells:
-            since = max(since, spells[-1].ended - SLOWDOWN_SPAN_S)
+            since = max(since, self._span_start(spells[-1].ended))
         near = _latest(spells, since=since, running=running)
         return sum(spell.tokens for spell in near), sum(spell.seconds for spell in near)
 
@@ -675,8 +677,7 @@ class AutoPlanner:
                         {k: tuple(round(x, 2) for x in self._slowdowns(k, len(requests))) for k in LAYOUTS},
                         "lent" if costs.lending_pays else "own",
                         "-" if costs.lending_judged is None else f"{costs.lending_judged:.2f}",
-                        f"; trying {self._exploring.layout}"
-                        + (" to measure what it delivers" if self._exploring.delivering else "") if self._exploring
+                        f"; trying {self._exploring.layout} ({self._exploring.why})" if self._exploring
                         else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
         return plan
@@ -725,7 +726,7 @@ class AutoPlanner:
         """A contender not measured lately (or the one being tried, until it has been)."""
         now = time.monotonic()
         if self._exploring is not None:
-            layout, since, _, confirming, delivering = self._exploring
+            layout, since, _, confirming, delivering, _ = self._exploring
             measured = self._enough(layout, self._recent(layout, since))
             if delivering and layout in best.considered and now - since < FLOOR_DELIVERY_MAX_S \
                     and self._delivered_since(layout, running, since) is None:
@@ -752,7 +753,7 @@ class AutoPlanner:
             return None
         if self._floor_unproven(best, running, now):
             self._floor_delivery_tried[running] = now
-            self._exploring = _Trial("ar", now, free=True, delivering=True)
+            self._exploring = _Trial("ar", now, free=True, delivering=True, why="to measure what it delivers")
             self.explorations += 1
             return "ar"
         best_slowdown = self.slowdown(best.layout, running)
@@ -815,7 +816,10 @@ class AutoPlanner:
                     self._floor_wait = 4 * self._floor_wait if 4 * self._floor_wait < FLOOR_STALE_S else None
                 elif stale:         # re-checked again and again only while it keeps losing: ever rarer
                     self._recheck_after[layout] = min(RECHECK_MAX_S, 2 * wait)
-                self._exploring = _Trial(layout, now, free=close or not self._measured[layout])
+                why = ("first measurement" if not self._measured[layout] else "not measured lately" if unmeasured
+                       else "early re-check of the floor" if soon else "floor overdue" if overdue
+                       else "close contender" if close else "re-check")
+                self._exploring = _Trial(layout, now, free=close or not self._measured[layout], why=why)
                 self.explorations += 1
                 return layout
         return None
@@ -886,9 +890,9 @@ class AutoPlanner:
                 and best.considered.get(layout, 0.0) >= CONFIRM_WITHIN * settled and self._confirmable(layout, now))
 
     def _well_measured(self, layout: str, now: float, running: int | None = None) -> bool:
-        """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S (at
+        """Whether CONFIRM_S of `layout` was measured within the last SLOWDOWN_SPAN_S of serving (at
         about `running` requests, if given): enough for MEASURED_MARGIN to judge it."""
-        return self._measured_s(layout, now - SLOWDOWN_SPAN_S, running) >= CONFIRM_S
+        return self._measured_s(layout, self._span_start(now), running) >= CONFIRM_S
 
     def _confirmable(self, layout: str, now: float) -> bool:
         """Whether measuring `layout` for CONFIRM_S would let MEASURED_MARGIN judge it against
@@ -947,6 +951,28 @@ class AutoPlanner:
             idle += max(0.0, now - max(self._idle_since, since))
         return now - since - idle
 
+    def _span_start(self, until: float, span: float = SLOWDOWN_SPAN_S) -> float:
+        """When the `span` seconds of serving that end at `until` began: the windows that
+        measurements are read over count serving time only, as their ages do (_serving_age).
+        Counted by the clock, a layout measured before a quiet half-minute was no longer
+        measured after it: in the paired bench at C = 4 (auto serving about 4 s in 35) plain
+        decoding's delivered rate at four requests, measured for 3.5 s, was gone by the next
+        pass, and psd, priced 10% ahead on the model's word, was chosen over it; and each
+        pass after such a gap began trials of close contenders, measured well but not within
+        the last half-minute of the clock (two of six passes, 0.7 s of sd each)."""
+        idle = [(self._idle_since, until)] if self._idle_since is not None and self._idle_since < until else []
+        idle += [(start, min(end, until)) for start, end in reversed(self._idle_spans) if start < until]
+        cursor, left = until, span
+        for start, end in idle:                 # (latest first; spans do not overlap)
+            if end >= cursor:
+                cursor = min(cursor, start)
+                continue
+            if cursor - end >= left:
+                break
+            left -= cursor - end
+            cursor = start
+        return cursor - left
+
     def _last_measured(self, layout: str) -> float:
         spells = self._measured[layout]
         return spells[-1].ended if spells else self._started
@@ -980,7 +1006,7 @@ class AutoPlanner:
             return self._settled
         if (current is not None and self._settled == "ar" and best.layout != "ar"
                 and now - self._settled_at < FLOOR_HOLD_MAX_S
-                and self._measured_s("ar", since=now - SLOWDOWN_SPAN_S) < FLOOR_MEASURED_S):
+                and self._measured_s("ar", since=self._span_start(now)) < FLOOR_MEASURED_S):
             return "ar"
         margin = TO_PLAIN_MARGIN if best.layout == "ar" else self._switch_margin(best.layout, now, running)
         alone_in_psd = self._settled == "psd" and running < 2       # (sd's steps: see _layouts)

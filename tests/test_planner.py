@@ -891,6 +891,33 @@ def test_plain_decoding_that_delivered_more_is_chosen_over_a_drafting_layout_pri
     assert plan.layout == chosen and planner._settled == chosen
 
 
+def test_what_plain_decoding_delivered_stands_through_an_idle_minute(clock):
+    """Plain decoding delivered 5% more than psd at 8 requests (as in the first case above);
+    then the server idles a minute, and the next wave's first request runs plainly alone for
+    a moment. The window its delivered rate is read over counts serving time, so the reading
+    at 8 still stands and plain decoding is chosen over psd, priced ahead. Counted by the
+    clock, the spell after the idle minute left the window empty at 8, and psd was chosen (the
+    paired bench at C = 4: auto serves about 4 s in 35)."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(8)]
+    planner._settled, planner._settled_for = "psd", len(requests)
+    planner._delivered["psd"].extend(_delivered_spells(planner, requests, "psd", clock[0], 0.2, 1000.0))
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests, "ar", clock[0] - 2.0, 0.2, 1050.0))
+    planner.idle()
+    clock[0] += 60.0
+    planner.replan(requests[:1], K_MAX)
+    clock[0] += 0.1
+    planner._delivered["ar"].extend(_delivered_spells(planner, requests[:1], "ar", clock[0], 0.1, 150.0, count=1))
+    assert planner._delivered_rate("ar", 8) == pytest.approx(1050.0, rel=0.01)
+    plan = planner.replan(requests, K_MAX)
+    assert plan.considered["psd"] > auto.SWITCH_MARGIN * plan.considered["ar"]
+    assert plan.layout == "ar"
+
+
 def _psd_settled_where_plain_decoding_never_delivered(clock, monkeypatch, rates: dict[str, float]):
     """-> (planner, 8 requests): the layouts' rates are `rates` whatever the requests; psd is
     settled at 8 and delivered there, plain decoding delivered at 4 only, and every layout
@@ -2718,6 +2745,32 @@ def test_a_close_contender_well_measured_waits_until_its_measurement_ages(clock,
         run(spell_s)
         assert clock[0] < measured_at + auto.SLOWDOWN_SPAN_S + 1.0, "never re-checked"
     assert planner._exploring.free
+
+
+def test_a_close_contender_well_measured_is_not_tried_after_an_idle_minute(clock, monkeypatch):
+    """As above, with the server idle for a minute 5 s after psd was measured: the
+    measurement ages by serving time only (_span_start), so psd, a close contender, is
+    tried once SLOWDOWN_SPAN_S of serving has passed, not at the first plan after the idle
+    minute (each pass of the paired bench after a quiet half-minute began such a trial)."""
+    from gateway import auto
+
+    monkeypatch.setattr(auto, "EXPLORE_SHARE", 0.0)
+    planner, requests = _psd_four_percent_ahead_of_plain_decoding(clock, ar_measured_s=3.0)
+    measured_s = 2.5
+    planner._measured["psd"].append(_measured_spell(planner, requests, "psd", clock[0], 0.97 * measured_s,
+                                                    measured_s))
+    run = _spell_runner(planner, clock, requests, {"psd": 0.97})
+    spell_s, served = 0.1, 0.0
+    while served < auto.SLOWDOWN_SPAN_S - 1.0:
+        if served == pytest.approx(5.0):
+            planner.idle()
+            clock[0] += 60.0
+        assert run(spell_s) != "psd", served
+        served += spell_s
+    while planner._exploring is None or planner._exploring.layout != "psd":
+        run(spell_s)
+        served += spell_s
+        assert served < auto.SLOWDOWN_SPAN_S + 1.0, "never re-checked"
 
 
 def test_a_trial_that_reads_its_layout_well_behind_ends_once_measured(clock, budget_of_5_percent):
