@@ -109,7 +109,9 @@ LOAD_DROP_S = 0.25          # fewer requests than the settled layout was chosen 
 SWITCH_HORIZON_S = 5.0      # a one-off cost of switching layout is spread over this long
 RECHECK_AFTER_S = 15.0      # a contender (see _layout_to_try) not measured for this long is tried
                             # again: its old measurement may no longer hold;
-RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this.
+RECHECK_MAX_S = 240.0       # each re-check that leaves it unchosen doubles its wait, up to this,
+LOAD_MOVED_S = 2.0          # until the load has been another (beyond a factor of two) for this long
+                            # of serving (see _follow_load).
 FLOOR_STALE_S = 30.0        # plain decoding, the floor, not measured for this long (or its doubled
                             # wait) while a drafting layout is settled is re-checked whatever its
                             # prediction: its lent-core costs are fitted only while it runs, and
@@ -292,7 +294,8 @@ class AutoPlanner:
         self._recheck_after: dict[str, float] = {}     # per layout, how long until it is re-checked
         self._floor_wait: float | None = None           # plain decoding's next early re-check (see
                                                         # FLOOR_FIRST_RECHECK_S; None: none owed)
-        self._recheck_load = 0                          # requests running when those were reset
+        self._recheck_load = 0                          # requests running when those were reset ...
+        self._load_moved_since: float | None = None     # ... and since when the load is another
         self._floor_delivery_tried: dict[int, float] = {}  # per load, when plain decoding was last
                                                         # tried to measure what it delivers there
         self.explorations = 0
@@ -625,9 +628,7 @@ class AutoPlanner:
                 if self._wave_settled is None or len(requests) >= self._wave_settled[1]:
                     self._wave_settled = (self._settled, len(requests))
                 self._recheck_after.pop(self._settled, None)
-            if not _same_load(len(requests), self._recheck_load):            # the load moved: re-check
-                self._recheck_after.clear()                                     # at the usual pace
-                self._recheck_load = len(requests)
+            self._follow_load(len(requests), now)
             stay = trying or self._settled
             plan = best
             if stay != best.layout and stay in best.considered:      # (a layout may not apply now)
@@ -681,6 +682,26 @@ class AutoPlanner:
                         else "; trying it for requests not yet measured" if self._request_trial else "")
         self.plan = plan
         return plan
+
+    def _follow_load(self, running: int, now: float) -> None:
+        """The re-checks' doubled waits are cleared (back to the usual pace) once the load has
+        been beyond a factor of two of the one they were doubled at for LOAD_MOVED_S of
+        serving: another load, whose layouts were not the ones measured. Not at a moment's
+        dip: cleared at every plan for another load, the waits were gone at each wave's tail
+        and each first request after idling, and a layout measured briefly, tried again
+        within seconds of serving, read close to plain decoding (within CONFIRM_WITHIN: a
+        close contender's trial, free of the budget), had its trial cut short by the next
+        wave's end and stayed unmeasured: at C = 8 and 16 in the paired bench, trials of psd
+        or sd in most passes, and auto at 0.85 of fixed `ar`, decoding plainly in 92-94% of
+        its steps."""
+        if _same_load(running, self._recheck_load):
+            self._load_moved_since = None
+        elif self._load_moved_since is None:
+            self._load_moved_since = now
+        elif self._serving_age(self._load_moved_since, now) >= LOAD_MOVED_S:
+            self._recheck_after.clear()
+            self._recheck_load = running
+            self._load_moved_since = None
 
     def _layouts(self, running: int) -> tuple[str, ...]:
         """The layouts a plan for `running` requests chooses from: psd with one request runs as

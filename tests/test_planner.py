@@ -2773,6 +2773,33 @@ def test_a_close_contender_well_measured_is_not_tried_after_an_idle_minute(clock
         assert served < auto.SLOWDOWN_SPAN_S + 1.0, "never re-checked"
 
 
+def test_a_moments_dip_in_load_keeps_the_rechecks_doubled_waits(clock):
+    """A re-check's doubled wait (sd's), set at 8 requests, outlasts a moment of another load (the
+    first request after idling, a wave's tail): cleared there, each wave of a closed loop
+    began with every re-check due at its shortest, and at C = 8 and 16 trials of psd and sd
+    came in most passes. A load that stays another for LOAD_MOVED_S of serving clears them."""
+    from gateway import auto
+
+    costs = StepCosts(draft_per_forward=2e-4, draft_per_token=5e-5, draft_fixed=0.0,
+                      verify_fixed=1e-3, verify_per_token=1e-4, gateway_per_step=2e-4)
+    planner = _planner_with(costs)
+    requests = [_active(i) for i in range(32)]
+    planner._recheck_load, planner._recheck_after = 8, {"sd": 8.0}     # (psd is settled)
+    planner.replan(requests[:8], K_MAX)
+    planner.idle()
+    clock[0] += 60.0
+    planner.replan(requests[:1], K_MAX)                 # the next wave's first request, alone
+    clock[0] += 0.05
+    planner.replan(requests[:3], K_MAX)                 # (a wave's tail, then back at 8)
+    clock[0] += 0.3
+    planner.replan(requests[:8], K_MAX)
+    assert planner._recheck_after == {"sd": 8.0} and planner._recheck_load == 8
+    for _ in range(round(auto.LOAD_MOVED_S / 0.2) + 1):
+        clock[0] += 0.2
+        planner.replan(requests, K_MAX)
+    assert planner._recheck_after == {} and planner._recheck_load == 32
+
+
 def test_a_trial_that_reads_its_layout_well_behind_ends_once_measured(clock, budget_of_5_percent):
     """psd delivering 0.85 of its prediction (0.88 of plain decoding, outside CONFIRM_WITHIN):
     its trial ends as soon as it is measured enough, however well plain decoding is measured."""
