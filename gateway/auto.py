@@ -978,9 +978,10 @@ class AutoPlanner:
         Counted by the clock, a layout measured before a quiet half-minute was no longer
         measured after it: in the paired bench at C = 4 (auto serving about 4 s in 35) plain
         decoding's delivered rate at four requests, measured for 3.5 s, was gone by the next
-        pass, and psd, priced 10% ahead on the model's word, was chosen over it; and each
-        pass after such a gap began trials of close contenders, measured well but not within
-        the last half-minute of the clock (two of six passes, 0.7 s of sd each)."""
+        pass, and psd, priced 10% ahead on the model's word, was chosen over it; and passes
+        after such a gap began re-checks (a layout measured for little of the last half-minute
+        of the clock is due soon) and trials of close contenders (two of six passes, 0.6-0.7 s
+        of sd each)."""
         idle = [(self._idle_since, until)] if self._idle_since is not None and self._idle_since < until else []
         idle += [(start, min(end, until)) for start, end in reversed(self._idle_spans) if start < until]
         cursor, left = until, span
