@@ -28,6 +28,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, replace
+from itertools import chain
 from typing import NamedTuple
 
 from gateway.acceptance_estimate import AcceptanceEstimate
@@ -982,12 +983,13 @@ class AutoPlanner:
         after such a gap began re-checks (a layout measured for little of the last half-minute
         of the clock is due soon) and trials of close contenders (two of six passes, 0.6-0.7 s
         of sd each)."""
-        idle = [(self._idle_since, until)] if self._idle_since is not None and self._idle_since < until else []
-        idle += [(start, min(end, until)) for start, end in reversed(self._idle_spans) if start < until]
+        current = [(self._idle_since, until)] if self._idle_since is not None else []
         cursor, left = until, span
-        for start, end in idle:                 # (latest first; spans do not overlap)
+        for start, end in chain(current, reversed(self._idle_spans)):   # (latest first; none overlap)
+            if start >= cursor:
+                continue
             if end >= cursor:
-                cursor = min(cursor, start)
+                cursor = start
                 continue
             if cursor - end >= left:
                 break

@@ -2773,6 +2773,23 @@ def test_a_close_contender_well_measured_is_not_tried_after_an_idle_minute(clock
         assert served < auto.SLOWDOWN_SPAN_S + 1.0, "never re-checked"
 
 
+def test_a_window_of_serving_time_reaches_back_past_idle_spells(clock):
+    """_span_start: the start of the last `span` seconds of serving before a moment, idle
+    spells (past ones and the one in progress) left out."""
+    from gateway.auto import AutoPlanner
+
+    planner = AutoPlanner(K_MAX)
+    now = clock[0]
+    planner._idle_spans.extend([(now - 100.0, now - 90.0), (now - 40.0, now - 10.0)])
+    assert planner._span_start(now, 5.0) == pytest.approx(now - 5.0)
+    assert planner._span_start(now, 20.0) == pytest.approx(now - 50.0)        # 10 s, idle 30, 10 s
+    assert planner._span_start(now, 65.0) == pytest.approx(now - 105.0)       # ... 40 s more, idle 10, 5 s
+    assert planner._span_start(now - 20.0, 5.0) == pytest.approx(now - 45.0)  # (from inside an idle spell)
+    planner._idle_since = now - 3.0                                           # idle now, for 3 s
+    assert planner._span_start(now, 5.0) == pytest.approx(now - 8.0)
+    assert planner._span_start(now - 5.0, 5.0) == pytest.approx(now - 10.0)   # (before it began)
+
+
 def test_a_moments_dip_in_load_keeps_the_rechecks_doubled_waits(clock):
     """A re-check's doubled wait (sd's), set at 8 requests, outlasts a moment of another load (the
     first request after idling, a wave's tail): cleared there, each wave of a closed loop
