@@ -28,7 +28,6 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, replace
-from itertools import chain
 from typing import NamedTuple
 
 from gateway.acceptance_estimate import AcceptanceEstimate
@@ -968,10 +967,21 @@ class AutoPlanner:
         with one of plain decoding, and auto read 0.87 of `ar`. In ten alternating runs of
         three servers (16 prompts a run), auto aged by the clock tried sd or psd in eight
         and read 0.94 of `ar` (median); aged by serving, 1.02, decoding plainly in nine."""
-        idle = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self._idle_spans)
-        if self._idle_since is not None:
-            idle += max(0.0, now - max(self._idle_since, since))
+        idle = 0.0
+        for start, end in self._idle_before(now):
+            if end <= since:
+                break
+            idle += end - max(start, since)
         return now - since - idle
+
+    def _idle_before(self, until: float):
+        """The idle spells that began before `until`, cut off there, latest first (the one in
+        progress included): what _serving_age and _span_start walk back through."""
+        if self._idle_since is not None and self._idle_since < until:
+            yield self._idle_since, until
+        for start, end in reversed(self._idle_spans):
+            if start < until:
+                yield start, min(end, until)
 
     def _span_start(self, until: float, span: float = SLOWDOWN_SPAN_S) -> float:
         """When the `span` seconds of serving that end at `until` began: the windows that
@@ -983,11 +993,8 @@ class AutoPlanner:
         after such a gap began re-checks (a layout measured for little of the last half-minute
         of the clock is due soon) and trials of close contenders (two of six passes, 0.6-0.7 s
         of sd each)."""
-        current = [(self._idle_since, until)] if self._idle_since is not None else []
         cursor, left = until, span
-        for start, end in chain(current, reversed(self._idle_spans)):   # (latest first; none overlap)
-            if start >= cursor:
-                continue
+        for start, end in self._idle_before(until):     # (none overlap)
             if end >= cursor:
                 cursor = start
                 continue
